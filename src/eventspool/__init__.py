@@ -1,0 +1,28 @@
+"""eventspool: hand an event to a durable local spool and go on; a sender ships it to Kafka."""
+
+from eventspool.config import Durability, FullPolicy, QueueSettings, SpoolSettings
+from eventspool.errors import (
+    CorruptQueueError,
+    EventspoolError,
+    InvalidEventError,
+    QueueFileError,
+    SpoolClosedError,
+    SpoolFullError,
+    SpoolLockedError,
+)
+from eventspool.spool.api import Spool
+
+__all__ = [
+    "CorruptQueueError",
+    "Durability",
+    "EventspoolError",
+    "FullPolicy",
+    "InvalidEventError",
+    "QueueFileError",
+    "QueueSettings",
+    "Spool",
+    "SpoolClosedError",
+    "SpoolFullError",
+    "SpoolLockedError",
+    "SpoolSettings",
+]

@@ -1,0 +1,103 @@
+"""Settings of a spool and of its per-topic queues, with the defaults we stand behind."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from eventspool.errors import InvalidEventError
+
+MIB = 1024 * 1024
+
+
+class Durability(StrEnum):
+    """When `send()` may return.
+
+    `process`: the event is in the file's page cache; it survives the death of the
+    process, not a power cut. `fsync`: the event was written back with fdatasync; it
+    survives a power cut. Concurrent writers share one fdatasync (group commit).
+    """
+
+    PROCESS = "process"
+    FSYNC = "fsync"
+
+
+class FullPolicy(StrEnum):
+    """What `send()` does when its queue has no room.
+
+    `reject` raises SpoolFullError at once, like librdkafka's BufferError.
+    `block` waits up to `block_timeout_s` for the sender to free space, then raises.
+    `drop_oldest` overwrites the oldest unsent events and counts them: for logs and
+    metrics, where the newest data matters most.
+    """
+
+    REJECT = "reject"
+    BLOCK = "block"
+    DROP_OLDEST = "drop_oldest"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """Settings of every ring of one topic."""
+
+    capacity_bytes: int = 32 * MIB
+    durability: Durability = Durability.PROCESS
+    full_policy: FullPolicy = FullPolicy.REJECT
+    block_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.capacity_bytes < 64 * 1024:
+            raise ValueError(f"capacity_bytes={self.capacity_bytes}: must be at least 65536")
+        if self.block_timeout_s < 0:
+            raise ValueError(f"block_timeout_s={self.block_timeout_s}: must not be negative")
+        object.__setattr__(self, "durability", Durability(self.durability))
+        object.__setattr__(self, "full_policy", FullPolicy(self.full_policy))
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolSettings:
+    """Settings of a whole spool directory."""
+
+    max_event_bytes: int = 1_000_000
+    queue: QueueSettings = field(default_factory=QueueSettings)
+    topics: Mapping[str, QueueSettings] = field(default_factory=dict)
+    sticky_batch_bytes: int = 16384
+
+    def __post_init__(self) -> None:
+        if self.max_event_bytes < 1:
+            raise ValueError(f"max_event_bytes={self.max_event_bytes}: must be positive")
+        for name, queue in {"default": self.queue, **self.topics}.items():
+            if self.max_event_bytes > queue.capacity_bytes // 4:
+                raise ValueError(
+                    f"max_event_bytes={self.max_event_bytes} does not fit four times in the "
+                    f"queue capacity of topic {name!r} ({queue.capacity_bytes} bytes)"
+                )
+
+    def for_topic(self, topic: str) -> QueueSettings:
+        return self.topics.get(topic, self.queue)
+
+
+_TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+MAX_TOPIC_LENGTH = 249
+
+
+def validate_topic(topic: object) -> str:
+    """Apply Kafka's own topic-name rules, so a bad name fails at `send()`, not at the broker."""
+    if not isinstance(topic, str):
+        raise InvalidEventError(f"topic must be a str, got {type(topic).__name__}")
+    if not topic:
+        raise InvalidEventError("topic name is empty")
+    if topic in (".", ".."):
+        raise InvalidEventError(f"topic name {topic!r} is not allowed")
+    if len(topic) > MAX_TOPIC_LENGTH:
+        raise InvalidEventError(
+            f"topic name is {len(topic)} characters long; Kafka allows {MAX_TOPIC_LENGTH}"
+        )
+    bad = sorted(set(topic) - _TOPIC_CHARS)
+    if bad:
+        raise InvalidEventError(
+            f"topic name {topic!r} contains {''.join(bad)!r}; "
+            "Kafka allows only ASCII letters, digits, '.', '_' and '-'"
+        )
+    return topic

@@ -1,0 +1,40 @@
+"""Exceptions raised to callers of eventspool.
+
+Every error names what was wrong (the topic, the file, the size), so that the caller
+can act on it without reading logs. Nothing already acknowledged is affected by any of them.
+"""
+
+from __future__ import annotations
+
+
+class EventspoolError(Exception):
+    """Base class of every error eventspool raises on purpose."""
+
+
+class InvalidEventError(EventspoolError, ValueError):
+    """The event itself is unacceptable: bad topic name, wrong value type, too large."""
+
+
+class SpoolFullError(EventspoolError):
+    """A queue has no room and its policy is `reject`, or `block` timed out."""
+
+
+class SpoolClosedError(EventspoolError):
+    """The spool or queue was closed; nothing more is accepted."""
+
+
+class SpoolLockedError(EventspoolError):
+    """Another process owns the spool directory."""
+
+
+class QueueFileError(EventspoolError):
+    """A queue file cannot be created, opened or trusted (disk full, corrupt header)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class CorruptQueueError(QueueFileError):
+    """The header of a queue file is damaged; the file is left untouched for inspection."""

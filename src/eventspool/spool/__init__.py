@@ -1,0 +1,1 @@
+"""The durable spool: one memory-mapped ring file per (topic, partition)."""

@@ -1,0 +1,234 @@
+"""Which ring an event goes to: topic -> partitions -> rings, and pending rings.
+
+Directory layout::
+
+    DIR/LOCK                           owner lock (see lock.py)
+    DIR/partitions.json                partition count per topic, as last learned
+    DIR/topics/<topic>/<n>.queue       ring of partition n
+    DIR/topics/<topic>/pending.queue   events of a topic whose partition count is unknown
+
+Events wait in the pending ring until the partition count of their topic is known,
+then are partitioned in the order they were sent: keyed events by Kafka's murmur2, so
+that they land where a Java producer would put them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from eventspool.clock import Clock
+from eventspool.config import SpoolSettings
+from eventspool.envelope import decode
+from eventspool.errors import QueueFileError
+from eventspool.spool.partitioner import StickyPartitioner, partition_for_key
+from eventspool.spool.ring import RingQueue
+
+PARTITIONS_FILE = "partitions.json"
+TOPICS_DIR = "topics"
+PENDING_NAME = "pending.queue"
+QUEUE_SUFFIX = ".queue"
+_MIGRATION_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRef:
+    """One ring with its place: `partition` is None for a topic's pending ring."""
+
+    topic: str
+    partition: int | None
+    ring: RingQueue
+
+
+class TopicQueues:
+    """The rings of one topic.
+
+    Routing is lock-free for keyed events once the partition count is known; keyless
+    events take the topic lock for the sticky partitioner. While the count is unknown,
+    every send takes the topic lock, and moving the pending ring holds it throughout, so
+    no new event overtakes an older pending one of the same key.
+    """
+
+    def __init__(
+        self, name: str, directory: Path, registry: QueueRegistry, partition_count: int | None
+    ) -> None:
+        self.name = name
+        self.directory = directory
+        self._registry = registry
+        self.lock = threading.RLock()
+        self.partition_count = partition_count
+        self.partitions: dict[int, RingQueue] = {}
+        self.pending: RingQueue | None = None
+        self._sticky = StickyPartitioner(registry.settings.sticky_batch_bytes)
+
+    def partition_ring(self, partition: int) -> RingQueue:
+        ring = self.partitions.get(partition)
+        if ring is None:
+            with self.lock:
+                ring = self.partitions.get(partition)
+                if ring is None:
+                    ring = self._registry.open_ring(
+                        self.name, self.directory / f"{partition}{QUEUE_SUFFIX}"
+                    )
+                    self.partitions[partition] = ring
+        return ring
+
+    def pending_ring(self) -> RingQueue:
+        if self.pending is None:
+            self.pending = self._registry.open_ring(self.name, self.directory / PENDING_NAME)
+        return self.pending
+
+    def append(self, key: bytes | None, payload: bytes, timestamp_ms: int) -> None:
+        count = self.partition_count
+        if count is None:
+            with self.lock:
+                if self.partition_count is None:
+                    self.pending_ring().append(payload, timestamp_ms)
+                    return
+                count = self.partition_count
+        if key is None:
+            with self.lock:
+                partition = self._sticky.partition(count, len(payload))
+        else:
+            partition = partition_for_key(key, count)
+        self.partition_ring(partition).append(payload, timestamp_ms)
+
+    def refs(self) -> list[QueueRef]:
+        with self.lock:
+            refs = [QueueRef(self.name, p, ring) for p, ring in sorted(self.partitions.items())]
+            if self.pending is not None:
+                refs.append(QueueRef(self.name, None, self.pending))
+        return refs
+
+    def close(self) -> None:
+        with self.lock:
+            for ring in self.partitions.values():
+                ring.close()
+            if self.pending is not None:
+                self.pending.close()
+
+
+class QueueRegistry:
+    """Every ring of one spool directory; opening it recovers every ring found on disk."""
+
+    def __init__(self, directory: Path, settings: SpoolSettings, clock: Clock) -> None:
+        self.directory = directory
+        self.settings = settings
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._topics: dict[str, TopicQueues] = {}
+        self._counts: dict[str, int] = load_partition_counts(directory)
+        for topic_dir in sorted((directory / TOPICS_DIR).glob("*/")):
+            topic = self._topic_locked(topic_dir.name)
+            for path in sorted(topic_dir.glob(f"*{QUEUE_SUFFIX}")):
+                if path.name == PENDING_NAME:
+                    topic.pending_ring()
+                elif path.stem.isdigit():
+                    topic.partition_ring(int(path.stem))
+            if topic.pending is not None and topic.partition_count is not None:
+                with topic.lock:
+                    self._move_pending(topic, topic.pending, topic.partition_count)
+                    topic.pending = None
+
+    def open_ring(self, topic: str, path: Path) -> RingQueue:
+        return RingQueue.open(
+            path,
+            self.settings.for_topic(topic),
+            max_payload=self.settings.max_event_bytes,
+            clock=self.clock,
+        )
+
+    def topic(self, name: str) -> TopicQueues:
+        topic = self._topics.get(name)
+        if topic is None:
+            with self._lock:
+                topic = self._topic_locked(name)
+        return topic
+
+    def _topic_locked(self, name: str) -> TopicQueues:
+        topic = self._topics.get(name)
+        if topic is None:
+            topic = TopicQueues(
+                name, self.directory / TOPICS_DIR / name, self, self._counts.get(name)
+            )
+            self._topics[name] = topic
+        return topic
+
+    def topics(self) -> list[TopicQueues]:
+        with self._lock:
+            return list(self._topics.values())
+
+    def refs(self) -> Iterator[QueueRef]:
+        for topic in self.topics():
+            yield from topic.refs()
+
+    def partition_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def set_partition_count(self, name: str, count: int) -> None:
+        """Record a topic's partition count and move its pending events into partitions.
+
+        Counts only grow, as in Kafka. Moving is crash-safe: an event is appended to its
+        partition before it leaves the pending ring, so a crash in between duplicates
+        it (removable by event_id) and never loses it.
+        """
+        if count < 1:
+            raise ValueError(f"partition count of {name!r} must be positive, got {count}")
+        topic = self.topic(name)
+        with topic.lock:
+            if topic.partition_count is not None and count <= topic.partition_count:
+                return
+            if topic.pending is not None:
+                self._move_pending(topic, topic.pending, count)
+                topic.pending = None
+            topic.partition_count = count
+            with self._lock:
+                self._counts[name] = count
+                save_partition_counts(self.directory, self._counts)
+
+    def _move_pending(self, topic: TopicQueues, pending: RingQueue, count: int) -> None:
+        sticky = StickyPartitioner(self.settings.sticky_batch_bytes)
+        pending.rewind()
+        while batch := pending.read_batch(_MIGRATION_BATCH):
+            for record in batch:
+                key = decode(record.payload).key
+                partition = (
+                    sticky.partition(count, len(record.payload))
+                    if key is None
+                    else partition_for_key(key, count)
+                )
+                topic.partition_ring(partition).append(record.payload, record.timestamp_ms)
+            pending.ack(batch[-1].seq)
+        pending.close()
+        pending.path.unlink()
+
+    def close(self) -> None:
+        for topic in self.topics():
+            topic.close()
+
+
+def load_partition_counts(directory: Path) -> dict[str, int]:
+    path = directory / PARTITIONS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise QueueFileError(str(path), f"unreadable partition cache: {exc}") from exc
+    topics = data.get("topics", {}) if isinstance(data, dict) else {}
+    return {str(k): int(v) for k, v in topics.items() if isinstance(v, int) and v > 0}
+
+
+def save_partition_counts(directory: Path, counts: dict[str, int]) -> None:
+    """Write the cache atomically: a crash leaves the old file or the new one, never half."""
+    path = directory / PARTITIONS_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"version": 1, "topics": counts}, indent=2, sort_keys=True))
+    with tmp.open("rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
