@@ -1,0 +1,64 @@
+"""``eventspool broker start|stop|status``: a background broker shared by shell sessions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from eventspool.broker.local import BrokerError, start_detached, status, stop_detached
+
+STATE_DIR_ENV_VAR = "EVENTSPOOL_STATE_DIR"
+DEFAULT_STATE_DIR = Path(".eventspool") / "broker"
+
+# The same option on every command, so start, stop and status agree on the state file.
+_state_dir_option = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar=STATE_DIR_ENV_VAR,
+    default=DEFAULT_STATE_DIR,
+    show_default=True,
+    help=f"Directory for the broker's state file and log (env: {STATE_DIR_ENV_VAR}).",
+)
+
+
+@click.group(name="broker")
+def broker() -> None:
+    """Run a local in-memory Kafka-compatible broker (tansu) in the background."""
+
+
+@broker.command()
+@click.option("--port", type=click.IntRange(1, 65535), help="Listen port  [default: a free one]")
+@_state_dir_option
+def start(port: int | None, state_dir: Path) -> None:
+    """Start the broker and print its bootstrap servers (HOST:PORT)."""
+    try:
+        state = start_detached(state_dir, port=port)
+    except BrokerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(state.bootstrap_servers)
+
+
+@broker.command()
+@_state_dir_option
+def stop(state_dir: Path) -> None:
+    """Stop the broker; succeeds when none is running, so it is safe in cleanup scripts."""
+    try:
+        state = stop_detached(state_dir)
+    except BrokerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo("not running" if state is None else f"stopped pid {state.pid}")
+
+
+@broker.command(name="status")
+@_state_dir_option
+def status_command(state_dir: Path) -> None:
+    """Show the running broker; exit status 1 when none is running."""
+    try:
+        state = status(state_dir)
+    except BrokerError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if state is None:
+        click.echo("not running")
+        raise click.exceptions.Exit(1)
+    click.echo(f"running pid {state.pid} on {state.bootstrap_servers} (log: {state.log_path})")

@@ -1,0 +1,38 @@
+"""Shared fixtures: one real local broker per test session (per xdist worker)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from eventspool.broker import LocalBroker, create_topic
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    """A running tansu on a free port; each xdist worker has its own session, so its own broker.
+
+    Memory-only: topics from every test of the session accumulate until it ends.
+    """
+    with LocalBroker(tmp_path_factory.mktemp("broker")) as local:
+        yield local
+
+
+@pytest.fixture
+def topic_factory(broker: LocalBroker, request: pytest.FixtureRequest) -> Callable[[int], str]:
+    """Create a fresh topic with the given partition count and return its name.
+
+    Names carry the test's name for readable broker logs and a random suffix, because
+    every test in the session shares one broker.
+    """
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name)[:180]
+
+    def make(partitions: int = 1) -> str:
+        name = f"{stem}-{uuid.uuid4().hex[:8]}"
+        create_topic(broker.bootstrap_servers, name, partitions)
+        return name
+
+    return make
