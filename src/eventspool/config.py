@@ -101,3 +101,40 @@ def validate_topic(topic: object) -> str:
             "Kafka allows only ASCII letters, digits, '.', '_' and '-'"
         )
     return topic
+
+
+KafkaConfigValue = str | int | float | bool
+
+
+@dataclass(frozen=True, slots=True)
+class SenderSettings:
+    """How the sender talks to Kafka.
+
+    `kafka` is passed to librdkafka as is (security.protocol, sasl.*, ssl.*, ...), after
+    our defaults, so anything here wins, except the settings that keep delivery safe.
+    """
+
+    compression: str = "lz4"
+    linger_ms: int = 5
+    batch_size: int = 1_000_000
+    max_in_flight_per_queue: int = 20_000
+    read_batch_records: int = 2000
+    metadata_refresh_s: float = 30.0
+    metadata_timeout_s: float = 2.0
+    create_topics: bool = True
+    new_topic_partitions: int = 4
+    new_topic_replication: int = 1
+    retry_backoff_s: float = 0.1
+    retry_backoff_max_s: float = 5.0
+    kafka: Mapping[str, KafkaConfigValue] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.compression not in ("lz4", "zstd", "gzip", "snappy", "none"):
+            raise ValueError(
+                f"compression={self.compression!r}: use lz4, zstd, gzip, snappy or none"
+            )
+        for name in ("max_in_flight_per_queue", "read_batch_records", "new_topic_partitions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be positive")
+        if self.metadata_refresh_s <= 0:
+            raise ValueError(f"metadata_refresh_s={self.metadata_refresh_s}: must be positive")

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from types import TracebackType
 
 from eventspool.clock import SYSTEM_CLOCK, Clock
-from eventspool.config import SpoolSettings, validate_topic
+from eventspool.config import SenderSettings, SpoolSettings, validate_topic
 from eventspool.envelope import EventIdGenerator, HeadersInput, encode, normalize_headers
 from eventspool.errors import InvalidEventError, SpoolClosedError
+from eventspool.sender.sender import Sender
 from eventspool.spool.lock import OwnerLock
 from eventspool.spool.registry import QueueRef, QueueRegistry, TopicQueues
-from eventspool.spool.ring import RecoveryReport
+from eventspool.spool.ring import RecoveryReport, RingQueue
+
+_FLUSH_POLL_S = 0.005
 
 
 class Spool:
@@ -29,6 +33,7 @@ class Spool:
         bootstrap_servers: str | None = None,
         *,
         settings: SpoolSettings | None = None,
+        sender_settings: SenderSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.directory = Path(directory)
@@ -45,6 +50,16 @@ class Spool:
         self._ids = EventIdGenerator(clock)
         self._topics: dict[str, TopicQueues] = {}
         self._closed = False
+        self.sender: Sender | None = None
+        if bootstrap_servers:
+            self.sender = Sender(
+                self._registry,
+                bootstrap_servers,
+                sender_settings or SenderSettings(),
+                self.directory,
+                clock,
+            )
+            self.sender.start()
 
     def send(
         self,
@@ -108,13 +123,49 @@ class Spool:
             if ref.ring.recovery.corrupt_tail
         }
 
-    def close(self) -> None:
+    def unacknowledged(self) -> int:
+        """Events spooled and not yet acknowledged by Kafka (pending ones included)."""
+        return sum(ref.ring.depth for ref in self._registry.refs())
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait until every event sent so far is acknowledged by the broker.
+
+        Returns how many of them are still unacknowledged when the wait ends: 0 on
+        success, like confluent_kafka.Producer.flush(). Without a sender (no bootstrap
+        servers) nothing is ever acknowledged, so it returns at once.
+        """
+        targets = self._flush_targets()
+        if self.sender is None:
+            return sum(target - ring.head_seq for ring, target in targets)
+        deadline = None if timeout is None else self._clock.monotonic() + timeout
+        while True:
+            if not all(ring.is_open for ring, _ in targets):
+                # A pending ring was moved into partitions: wait for their new ends.
+                targets = self._flush_targets()
+            remaining = sum(max(0, target - ring.head_seq) for ring, target in targets)
+            if not remaining or (deadline is not None and self._clock.monotonic() >= deadline):
+                return remaining
+            time.sleep(_FLUSH_POLL_S)
+
+    def _flush_targets(self) -> list[tuple[RingQueue, int]]:
+        return [(ref.ring, ref.ring.next_seq) for ref in self._registry.refs()]
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop accepting events, wait up to `timeout` for in-flight acknowledgements, persist.
+
+        Events not acknowledged by then stay in the spool and are sent after reopening.
+        """
         if self._closed:
             return
         self._closed = True
         self._topics.clear()
-        self._registry.close()
-        self._owner.release()
+        try:
+            if self.sender is not None:
+                self.flush(timeout)
+                self.sender.stop(timeout=max(1.0, timeout))
+        finally:
+            self._registry.close()
+            self._owner.release()
 
     def __enter__(self) -> Spool:
         return self

@@ -579,6 +579,15 @@ class RingQueue:
         return self._capacity
 
     @property
+    def is_open(self) -> bool:
+        return not self._closed
+
+    @property
+    def head_seq(self) -> int:
+        """Sequence of the oldest record not yet acknowledged."""
+        return self._head_seq
+
+    @property
     def depth(self) -> int:
         return self._next_seq - self._head_seq
 

@@ -1,0 +1,1 @@
+"""Ships spooled events to Kafka and moves each queue's read position only on broker ack."""

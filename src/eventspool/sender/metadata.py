@@ -1,0 +1,69 @@
+"""Partition counts from the bootstrap brokers, and topic creation on first use.
+
+Any broker of the bootstrap list answers a metadata request; librdkafka keeps the
+connections. Counts go to the registry, which caches them on disk, so a restarted
+process accepts and partitions events while Kafka is unreachable.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from eventspool.config import KafkaConfigValue, SenderSettings
+
+log = logging.getLogger(__name__)
+
+
+class MetadataClient:
+    def __init__(
+        self,
+        producer: Producer,
+        admin_config: dict[str, KafkaConfigValue],
+        settings: SenderSettings,
+    ) -> None:
+        self._producer = producer
+        self._admin_config = admin_config
+        self._settings = settings
+
+    def partition_counts(self) -> dict[str, int] | None:
+        """Every topic's partition count, or None when no broker answered in time."""
+        try:
+            metadata = self._producer.list_topics(timeout=self._settings.metadata_timeout_s)
+        except KafkaException as exc:
+            log.debug("metadata request failed: %s", exc)
+            return None
+        return {
+            name: len(topic.partitions)
+            for name, topic in metadata.topics.items()
+            if topic.error is None and topic.partitions
+        }
+
+    def create_topics(self, names: list[str]) -> None:
+        """Create missing topics; one that already exists (a race with another client) is fine."""
+        admin = AdminClient(self._admin_config)
+        topics = [
+            NewTopic(
+                name,
+                num_partitions=self._settings.new_topic_partitions,
+                replication_factor=self._settings.new_topic_replication,
+            )
+            for name in names
+        ]
+        timeout = self._settings.metadata_timeout_s
+        for name, future in admin.create_topics(topics, request_timeout=timeout).items():
+            try:
+                future.result(timeout)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if (
+                    isinstance(error, KafkaError)
+                    and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
+                ):
+                    continue
+                log.warning("could not create topic %r: %s", name, exc)
+            except TimeoutError:
+                log.warning("no answer creating topic %r within %ss", name, timeout)

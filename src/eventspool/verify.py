@@ -1,0 +1,81 @@
+"""Read topics back from Kafka and compare event ids with what was sent.
+
+Reads by explicit assignment from the earliest offset, not through a consumer group:
+nothing is committed, and a group rebalance cannot hide or repeat records.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    sent: int
+    delivered: int
+    lost: int
+    duplicated: int
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0
+
+
+def consume_event_ids(
+    bootstrap_servers: str,
+    topics: Collection[str],
+    expected: Collection[str],
+    timeout: float = 60.0,
+    progress: Callable[[int], None] | None = None,
+) -> Counter[str]:
+    """Count each `event_id` header found in `topics`, until every expected id is seen.
+
+    Stops at `timeout` too, so a loss shows up as missing ids rather than a hang.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": f"eventspool-verify-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
+    seen: Counter[str] = Counter()
+    missing = set(expected)
+    try:
+        metadata = consumer.list_topics(timeout=10)
+        assignment = [
+            TopicPartition(topic, partition, OFFSET_BEGINNING)
+            for topic in topics
+            if topic in metadata.topics
+            for partition in metadata.topics[topic].partitions
+        ]
+        consumer.assign(assignment)
+        deadline = time.monotonic() + timeout
+        while missing and time.monotonic() < deadline:
+            for message in consumer.consume(10_000, 0.5):
+                if message.error():
+                    continue
+                raw = dict(message.headers() or []).get("event_id")
+                if isinstance(raw, bytes):
+                    event_id = raw.decode()
+                    seen[event_id] += 1
+                    missing.discard(event_id)
+            if progress is not None:
+                progress(len(seen))
+    finally:
+        consumer.close()
+    return seen
+
+
+def ledger(sent: Collection[str], seen: Counter[str]) -> Ledger:
+    wanted = set(sent)
+    delivered = sum(1 for event_id in wanted if seen[event_id])
+    duplicated = sum(count - 1 for event_id, count in seen.items() if event_id in wanted)
+    return Ledger(len(wanted), delivered, len(wanted) - delivered, duplicated)
