@@ -36,6 +36,8 @@ _HEADER_COUNT = struct.Struct("<H")
 _HEADER_NAME = struct.Struct("<H")
 _HEADER_VALUE = struct.Struct("<i")
 FIXED_SIZE = _FIXED.size
+_MAX_HEADER_COUNT = 0xFFFF
+_MAX_HEADER_NAME = 0xFFFF
 
 HeaderList = list[tuple[str, bytes | None]]
 HeadersInput = Mapping[str, bytes | str | None] | Sequence[tuple[str, bytes | str | None]]
@@ -56,7 +58,17 @@ def normalize_headers(headers: HeadersInput | None) -> HeaderList | None:
     """Accept the header shapes confluent-kafka accepts: a mapping or (name, value) pairs."""
     if headers is None:
         return None
-    items = headers.items() if isinstance(headers, Mapping) else headers
+    if isinstance(headers, Mapping):
+        items = list(headers.items())
+    elif isinstance(headers, list | tuple):
+        items = list(headers)
+    else:
+        raise InvalidEventError(
+            f"headers must be a mapping or a list of (name, value) pairs, "
+            f"got {type(headers).__name__}"
+        )
+    if len(items) > _MAX_HEADER_COUNT:
+        raise InvalidEventError(f"{len(items)} headers; at most {_MAX_HEADER_COUNT} are allowed")
     result: HeaderList = []
     for item in items:
         if not isinstance(item, tuple) or len(item) != 2:
@@ -64,9 +76,19 @@ def normalize_headers(headers: HeadersInput | None) -> HeaderList | None:
         name, value = item
         if not isinstance(name, str):
             raise InvalidEventError(f"header name {name!r} must be a str")
-        if isinstance(value, str):
-            value = value.encode()
-        elif value is not None and not isinstance(value, bytes):
+        try:
+            encoded_name = name.encode()
+            if isinstance(value, str):
+                value = value.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidEventError(
+                f"header {name!r} is not encodable as UTF-8: {exc.reason}"
+            ) from None
+        if len(encoded_name) > _MAX_HEADER_NAME:
+            raise InvalidEventError(
+                f"header name of {len(encoded_name)} bytes; at most {_MAX_HEADER_NAME} allowed"
+            )
+        if value is not None and not isinstance(value, bytes):
             raise InvalidEventError(
                 f"header {name!r} value must be bytes, str or None, got {type(value).__name__}"
             )

@@ -19,6 +19,13 @@ from eventspool.spool.ring import RecoveryReport, RingQueue
 _FLUSH_POLL_S = 0.005
 
 
+def _encode_text(text: str, what: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidEventError(f"{what} is not encodable as UTF-8: {exc.reason}") from None
+
+
 class Spool:
     """A durable local queue of events for Kafka, owned by this process.
 
@@ -75,8 +82,9 @@ class Spool:
         over `max_event_bytes`; SpoolFullError when the queue is full under `reject`
         (or `block` timed out).
         """
-        queues = self._topics.get(topic)
-        if queues is None:
+        try:
+            queues = self._topics[topic]
+        except (KeyError, TypeError):
             queues = self._open_topic(topic)
         if value is not None and type(value) is not bytes:
             raise InvalidEventError(
@@ -88,7 +96,7 @@ class Spool:
                 raise InvalidEventError(
                     f"key for topic {topic!r} must be bytes, str or None, got {type(key).__name__}"
                 )
-            key = key.encode()
+            key = _encode_text(key, f"key for topic {topic!r}")
         header_list = None if headers is None else normalize_headers(headers)
         now = self._clock.now_ms()
         event_id = self._ids.next_id(now)

@@ -122,7 +122,15 @@ class QueueRegistry:
         self._lock = threading.Lock()
         self._topics: dict[str, TopicQueues] = {}
         self._counts: dict[str, int] = load_partition_counts(directory)
-        for topic_dir in sorted((directory / TOPICS_DIR).glob("*/")):
+        try:
+            self._open_existing()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_existing(self) -> None:
+        """Open (and so recover) every ring on disk, moving pending ones whose count is known."""
+        for topic_dir in sorted((self.directory / TOPICS_DIR).glob("*/")):
             topic = self._topic_locked(topic_dir.name)
             for path in sorted(topic_dir.glob(f"*{QUEUE_SUFFIX}")):
                 if path.name == PENDING_NAME:

@@ -220,6 +220,8 @@ class RingQueue:
             slot.generation += 1
             self._generation = slot.generation
             slot.skipped += self.recovery.skipped_records
+            if self.recovery.corrupt_tail:
+                self._scrub_free_space()
             self._persist_head()
             _U64.pack_into(self._mm, _HINT_OFFSET, self._next_seq)
 
@@ -339,6 +341,20 @@ class RingQueue:
             reason = f"records {seq}..{hint - 1} were written but are unreadable"
         return RecoveryReport(records, pos - slot.head, skipped, corrupt or skipped > 0, reason)
 
+    def _scrub_free_space(self) -> None:
+        """Zero everything after the recovered tail, once, after a damaged tail was found.
+
+        What lies there is garbage or records that could not be verified; left in place,
+        a later scan starting beyond the rewritten part could take them for valid.
+        """
+        cap = self._capacity
+        start = self._tail % cap
+        free = cap - (self._tail - self._head)
+        first = min(free, cap - start)
+        self._mm[HEADER_SIZE + start : HEADER_SIZE + start + first] = bytes(first)
+        if free > first:
+            self._mm[HEADER_SIZE : HEADER_SIZE + free - first] = bytes(free - first)
+
     # ---- writing ---------------------------------------------------------------
 
     def append(self, payload: bytes, timestamp_ms: int | None = None) -> int:
@@ -423,41 +439,41 @@ class RingQueue:
     def _make_room(self, size: int, ts: int) -> None:
         """Free space for a record of `size` bytes by the full-queue policy, then pad.
 
-        On return the record fits at the tail without wrapping.
+        On return the record fits at the tail without wrapping. The space needed is
+        computed again after every wait: other writers may have moved the tail meanwhile.
         """
         cap = self._capacity
-        room = cap - self._tail % cap
-        needed = size + (room if room < size else 0)
-        if cap - (self._tail - self._head) < needed:
-            self._apply_full_policy(needed)
+        policy = self.settings.full_policy
+        deadline: float | None = None
+        dropped = False
+        while True:
+            room = cap - self._tail % cap
+            needed = size + (room if room < size else 0)
+            if cap - (self._tail - self._head) >= needed:
+                break
+            if policy is FullPolicy.DROP_OLDEST:
+                self._drop_head()
+                dropped = True
+                continue
+            if policy is FullPolicy.BLOCK:
+                if self._closed:
+                    raise SpoolClosedError(f"queue {self.path} is closed")
+                now = self._clock.monotonic()
+                if deadline is None:
+                    deadline = now + self.settings.block_timeout_s
+                if now < deadline:
+                    self._space.wait(deadline - now)
+                    continue
+            raise SpoolFullError(
+                f"queue {self.path.name} is full: {self._tail - self._head} of {cap} bytes "
+                f"hold {self._next_seq - self._head_seq} unsent records (policy {policy.value})"
+            )
+        if dropped:
+            self._persist_head()
         if room < size:
             if room >= FRAME_HEADER_SIZE:
                 self._write_padding(HEADER_SIZE + self._tail % cap, room, ts)
             self._tail += room
-
-    def _apply_full_policy(self, needed: int) -> None:
-        cap = self._capacity
-        policy = self.settings.full_policy
-        if policy is FullPolicy.DROP_OLDEST:
-            while cap - (self._tail - self._head) < needed:
-                self._drop_head()
-            self._persist_head()
-            return
-        if policy is FullPolicy.BLOCK:
-            deadline = self._clock.monotonic() + self.settings.block_timeout_s
-            while cap - (self._tail - self._head) < needed:
-                if self._closed:
-                    raise SpoolClosedError(f"queue {self.path} is closed")
-                remaining = deadline - self._clock.monotonic()
-                if remaining <= 0:
-                    break
-                self._space.wait(remaining)
-            else:
-                return
-        raise SpoolFullError(
-            f"queue {self.path.name} is full: {self._tail - self._head} of {cap} bytes "
-            f"hold {self._next_seq - self._head_seq} unsent records (policy {policy.value})"
-        )
 
     def _write_padding(self, base: int, room: int, ts: int) -> None:
         mm = self._mm

@@ -1,0 +1,186 @@
+"""Child processes for the fault-injection tests: writers meant to die by SIGKILL.
+
+Run as ``python -m tests.fault.spool_writer MODE ...`` from the repository root. Every
+line a writer prints is written with one ``os.write`` to an unbuffered pipe, after the
+operation it reports has returned, so the parent knows exactly what was acknowledged
+when the kill landed:
+
+    R <n>              ready: the queue is open, producing starts with counter n
+    A <counter> <seq>  ring mode: append of that counter returned sequence seq
+    S <counter> <id>   spool mode: send of that counter returned event_id id
+    k <p> <counter>    about to acknowledge partition p up to that counter
+    K <p> <counter>    that acknowledgement has returned
+
+The payloads carry their counter and a padding pattern derived from it, so the parent
+can tell an intact record from a torn, stale or invented one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import signal
+import struct
+import sys
+from pathlib import Path
+
+from eventspool.config import QueueSettings, SpoolSettings
+from eventspool.envelope import decode
+from eventspool.errors import QueueFileError
+from eventspool.spool.api import Spool
+from eventspool.spool.ring import RingQueue
+
+KIB = 1024
+RING_CAPACITY = 256 * KIB
+MAX_PADDING = 2000
+RING_HIGH_WATER = 60
+RING_LOW_WATER = 20
+SPOOL_TOPIC = "crash-topic"
+SPOOL_PARTITIONS = 3
+SPOOL_HIGH_WATER = 40
+SPOOL_LOW_WATER = 10
+SPOOL_ACK_EVERY = 32
+KEY_SPACE = 13
+
+_MAGIC = b"CTR1"
+_HEAD = struct.Struct("<4sQI")
+
+
+def ring_settings() -> QueueSettings:
+    """Small enough that a few hundred appends wrap the ring."""
+    return QueueSettings(capacity_bytes=RING_CAPACITY)
+
+
+def spool_settings() -> SpoolSettings:
+    """Small rings so the spool writer also wraps; events must fit four times in one."""
+    return SpoolSettings(
+        max_event_bytes=16 * KIB, queue=QueueSettings(capacity_bytes=RING_CAPACITY)
+    )
+
+
+def make_payload(counter: int, padding: int) -> bytes:
+    """A payload whose every byte is predictable from the counter and padding length."""
+    pattern = counter.to_bytes(8, "little")
+    pad = (pattern * (padding // 8 + 1))[:padding]
+    return _HEAD.pack(_MAGIC, counter, padding) + pad
+
+
+def parse_payload(payload: bytes) -> int:
+    """The counter of an intact payload; ValueError for anything `make_payload` did not make."""
+    if len(payload) < _HEAD.size:
+        raise ValueError(f"payload of {len(payload)} bytes is too short")
+    magic, counter, padding = _HEAD.unpack_from(payload, 0)
+    if magic != _MAGIC:
+        raise ValueError(f"bad payload magic {magic!r}")
+    if payload != make_payload(counter, padding):
+        raise ValueError(f"payload of counter {counter} is damaged")
+    return int(counter)
+
+
+def key_for(counter: int) -> bytes:
+    return b"key-%d" % (counter % KEY_SPACE)
+
+
+def headers_for(counter: int) -> list[tuple[str, bytes | None]]:
+    return [("counter", str(counter).encode()), ("empty", None)]
+
+
+def _emit(line: str) -> None:
+    os.write(1, line.encode() + b"\n")
+
+
+def run_ring(path: Path, seed: int) -> None:
+    """Append to one ring as fast as possible, acknowledging old records to wrap it."""
+    rng = random.Random(seed)
+    ring = RingQueue.open(path, ring_settings())
+    counter = ring.next_seq
+    _emit(f"R {counter}")
+    while True:
+        seq = ring.append(make_payload(counter, rng.randrange(MAX_PADDING)))
+        _emit(f"A {counter} {seq}")
+        counter += 1
+        if ring.depth > RING_HIGH_WATER:
+            batch = ring.read_batch(max_records=ring.depth - RING_LOW_WATER, max_bytes=1 << 30)
+            for record in batch:
+                if parse_payload(record.payload) != record.seq:
+                    raise SystemExit(f"record {record.seq} reads back as another counter")
+            last = batch[-1].seq
+            _emit(f"k 0 {last}")
+            ring.ack(last)
+            _emit(f"K 0 {last}")
+
+
+def run_spool(directory: Path, start: int, seed: int) -> None:
+    """Send keyed events to a 3-partition topic as fast as possible, acknowledging old ones."""
+    rng = random.Random(seed)
+    spool = Spool(directory, settings=spool_settings())
+    spool.set_partition_count(SPOOL_TOPIC, SPOOL_PARTITIONS)
+    counter = start
+    _emit(f"R {counter}")
+    while True:
+        value = make_payload(counter, rng.randrange(MAX_PADDING))
+        event_id = spool.send(SPOOL_TOPIC, value, key_for(counter), headers_for(counter))
+        _emit(f"S {counter} {event_id}")
+        counter += 1
+        if counter % SPOOL_ACK_EVERY:
+            continue
+        for ref in spool.queues():
+            ring = ref.ring
+            if ref.partition is None or ring.depth <= SPOOL_HIGH_WATER:
+                continue
+            batch = ring.read_batch(max_records=ring.depth - SPOOL_LOW_WATER, max_bytes=1 << 30)
+            value_of_last = decode(batch[-1].payload).value
+            assert value_of_last is not None
+            last = parse_payload(value_of_last)
+            _emit(f"k {ref.partition} {last}")
+            ring.ack(batch[-1].seq)
+            _emit(f"K {ref.partition} {last}")
+
+
+def run_disk_full(directory: Path, limit: int) -> None:
+    """Send to a new topic while RLIMIT_FSIZE forbids its queue file; report as JSON."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    settings = SpoolSettings(max_event_bytes=4 * KIB, queue=QueueSettings(capacity_bytes=64 * KIB))
+    result: dict[str, object] = {}
+    with Spool(directory, settings=settings) as spool:
+        spool.set_partition_count("old", 1)
+        result["old_ids"] = [spool.send("old", b"old-%d" % i, b"k") for i in range(5)]
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            spool.send("new", b"first try")
+        except QueueFileError as exc:
+            result["error"] = type(exc).__name__
+            result["message"] = str(exc)
+            result["error_path"] = exc.path
+        else:
+            result["error"] = None
+        result["files_while_full"] = sorted(
+            str(p.relative_to(directory)) for p in (directory / "topics").rglob("*") if p.is_file()
+        )
+        (ring,) = [ref.ring for ref in spool.queues() if ref.topic == "old"]
+        ring.rewind()
+        result["old_values_while_full"] = [
+            (decode(r.payload).value or b"").decode() for r in ring.read_batch()
+        ]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        result["new_id"] = spool.send("new", b"second try")
+    _emit(json.dumps(result))
+
+
+def main(argv: list[str]) -> None:
+    mode, target, *rest = argv
+    if mode == "ring":
+        run_ring(Path(target), int(rest[0]))
+    elif mode == "spool":
+        run_spool(Path(target), int(rest[0]), int(rest[1]))
+    elif mode == "disk-full":
+        run_disk_full(Path(target), int(rest[0]))
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

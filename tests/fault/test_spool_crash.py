@@ -1,0 +1,265 @@
+"""Crash tests: a writer process is SIGKILLed at a random moment, then the queue is reopened.
+
+A SIGKILL leaves every store the writer made into its shared mapping in the page
+cache, so nothing it was told is durable may be missing after a reopen, nothing it
+never appended may appear, and recovery must not raise. The writers live in
+`tests.fault.spool_writer`; each cycle reopens the files the previous cycles left, so
+recovery also runs on top of earlier recoveries and generations.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from eventspool.envelope import decode
+from eventspool.spool.api import Spool
+from eventspool.spool.partitioner import partition_for_key
+from eventspool.spool.ring import RingQueue
+from tests.fault.spool_writer import (
+    RING_CAPACITY,
+    SPOOL_PARTITIONS,
+    SPOOL_TOPIC,
+    headers_for,
+    key_for,
+    parse_payload,
+    ring_settings,
+    spool_settings,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RING_CYCLES = 50
+SPOOL_CYCLES = 12
+READY_TIMEOUT_S = 60.0
+
+
+class _LineReader(threading.Thread):
+    """Drains the child's stdout so it never blocks on a full pipe, keeping complete lines."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        super().__init__(daemon=True)
+        self._stream = stream
+        self.lines: list[list[str]] = []
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        for raw in self._stream:
+            if not raw.endswith(b"\n"):
+                break  # a line cut by the kill reports nothing
+            self.lines.append(raw.decode().split())
+            self.ready.set()
+        self.ready.set()
+
+
+@dataclass
+class _Report:
+    """What a killed writer said before it died."""
+
+    start: int
+    lines: list[list[str]]
+    stderr: str
+
+
+def _run_and_kill(args: list[str], rng: random.Random) -> _Report:
+    """Start a writer, let it produce for 5-200 ms after it is ready, then SIGKILL it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fault.spool_writer", *args],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    reader = _LineReader(proc.stdout)
+    reader.start()
+    try:
+        assert reader.ready.wait(READY_TIMEOUT_S), "writer never became ready"
+        time.sleep(rng.uniform(0.005, 0.2))
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        reader.join()
+        stderr = proc.stderr.read().decode(errors="replace")
+        proc.stdout.close()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL, f"writer died on its own: {stderr}"
+    assert reader.lines and reader.lines[0][0] == "R", f"no ready line; stderr: {stderr}"
+    return _Report(int(reader.lines[0][1]), reader.lines[1:], stderr)
+
+
+def test_ring_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
+    """Every acknowledged append is found intact and in order, nothing more than one in flight."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    path = tmp_path / "crash.queue"
+    head = 0  # first sequence still queued after the last verification
+    next_seq = 0  # the sequence the next writer must start from
+    appended_total = 0
+    for cycle in range(RING_CYCLES):
+        where = f"seed {seed}, cycle {cycle}"
+        report = _run_and_kill(["ring", str(path), str(rng.getrandbits(32))], rng)
+        assert report.start == next_seq, f"{where}: the writer found another queue end"
+        done_ack = head - 1
+        intent_ack = head - 1
+        last_appended = report.start - 1
+        for line in report.lines:
+            tag, *fields = line
+            if tag == "A":
+                counter, seq = int(fields[0]), int(fields[1])
+                assert seq == counter == last_appended + 1, f"{where}: append order {line}"
+                last_appended = seq
+            elif tag == "k":
+                intent_ack = int(fields[1])
+            elif tag == "K":
+                done_ack = int(fields[1])
+                assert done_ack == intent_ack, f"{where}: ack reported out of order"
+            else:
+                raise AssertionError(f"{where}: unexpected line {line}")
+        appended_total += last_appended + 1 - report.start
+
+        ring = RingQueue.open(path, ring_settings())
+        try:
+            recovery = ring.recovery
+            records = []
+            while batch := ring.read_batch(max_records=10_000, max_bytes=1 << 30):
+                records.extend(batch)
+            stats = ring.stats()
+        finally:
+            ring.close()
+
+        assert recovery.skipped_records == 0, f"{where}: {recovery}"
+        assert recovery.records == len(records), f"{where}: {recovery}"
+        for record in records:
+            assert parse_payload(record.payload) == record.seq, f"{where}: record {record.seq}"
+        seqs = [record.seq for record in records]
+        first = seqs[0] if seqs else stats.next_seq
+        assert seqs == list(range(first, stats.next_seq)), f"{where}: sequences not contiguous"
+        assert done_ack + 1 <= first <= intent_ack + 1, (
+            f"{where}: queue starts at {first}, acks reported {done_ack}, begun {intent_ack}"
+        )
+        assert last_appended + 1 <= stats.next_seq <= last_appended + 2, (
+            f"{where}: {last_appended + 1} appends reported but the queue ends at {stats.next_seq}"
+        )
+        head = first
+        next_seq = stats.next_seq
+    # The test is only worth something if the writers got going and the ring wrapped a lot.
+    assert appended_total > 20 * RING_CYCLES, f"seed {seed}: only {appended_total} appends"
+    ring = RingQueue.open(path, ring_settings())
+    try:
+        laps = ring.stats().tail_position // RING_CAPACITY
+    finally:
+        ring.close()
+    assert laps >= 10, f"seed {seed}: the ring wrapped only {laps} times"
+
+
+@dataclass
+class _Ledger:
+    """The parent's knowledge of the spool: event ids by counter, queued counters by partition."""
+
+    ids: dict[int, str] = field(default_factory=dict)
+    queued: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    next_counter: int = 0
+
+
+def _read_partitions(spool: Spool) -> dict[int, list[tuple[int, str]]]:
+    """(counter, event_id) of every queued event, by partition, in queue order; checks each."""
+    found: dict[int, list[tuple[int, str]]] = {}
+    for ref in spool.queues():
+        assert ref.topic == SPOOL_TOPIC
+        assert ref.partition is not None, "a pending ring exists although the count is known"
+        events: list[tuple[int, str]] = []
+        ref.ring.rewind()
+        while batch := ref.ring.read_batch(max_records=10_000, max_bytes=1 << 30):
+            for record in batch:
+                event = decode(record.payload)
+                assert event.value is not None
+                counter = parse_payload(event.value)
+                assert event.key == key_for(counter)
+                assert event.headers == headers_for(counter)
+                assert partition_for_key(event.key, SPOOL_PARTITIONS) == ref.partition
+                events.append((counter, event.event_id))
+        found[ref.partition] = events
+    return found
+
+
+def test_spool_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
+    """Keyed sends to a 3-partition topic: every returned event_id survives, in key order."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    directory = tmp_path / "spool"
+    ledger = _Ledger()
+    for cycle in range(SPOOL_CYCLES):
+        where = f"seed {seed}, cycle {cycle}"
+        report = _run_and_kill(
+            ["spool", str(directory), str(ledger.next_counter), str(rng.getrandbits(32))], rng
+        )
+        assert report.start == ledger.next_counter
+        candidates = {p: list(ledger.queued[p]) for p in range(SPOOL_PARTITIONS)}
+        done_ack: dict[int, int] = defaultdict(lambda: -1)
+        intent_ack: dict[int, int] = defaultdict(lambda: -1)
+        last_sent = report.start - 1
+        for line in report.lines:
+            tag, first_field, second_field = line
+            if tag == "S":
+                counter = int(first_field)
+                assert counter == last_sent + 1, f"{where}: send order {line}"
+                last_sent = counter
+                ledger.ids[counter] = second_field
+                candidates[partition_for_key(key_for(counter), SPOOL_PARTITIONS)].append(counter)
+            elif tag == "k":
+                intent_ack[int(first_field)] = int(second_field)
+            elif tag == "K":
+                done_ack[int(first_field)] = int(second_field)
+            else:
+                raise AssertionError(f"{where}: unexpected line {line}")
+        in_flight = last_sent + 1
+        in_flight_partition = partition_for_key(key_for(in_flight), SPOOL_PARTITIONS)
+
+        with Spool(directory, settings=spool_settings()) as spool:
+            for name, recovery in spool.recovery_reports().items():
+                assert recovery.skipped_records == 0, f"{where}: {name}: {recovery}"
+            found = _read_partitions(spool)
+
+        next_counter = last_sent + 1
+        for partition in range(SPOOL_PARTITIONS):
+            events = found.get(partition, [])
+            counters = [counter for counter, _ in events]
+            expected = candidates[partition]
+            if counters and counters[-1] == in_flight:
+                # Sent but killed before its event_id was reported: allowed, once, at the end.
+                assert partition == in_flight_partition
+                ledger.ids[in_flight] = events[-1][1]
+                next_counter = in_flight + 1
+                expected = [*expected, in_flight]
+            acked_away = expected[: max(0, len(expected) - len(counters))]
+            assert counters == expected[len(acked_away) :], (
+                f"{where}: partition {partition} holds {counters[:5]}..{counters[-5:]}, "
+                f"expected a suffix of {expected[:5]}..{expected[-5:]}"
+            )
+            assert all(c <= intent_ack[partition] for c in acked_away), (
+                f"{where}: partition {partition} lost events that were never acknowledged"
+            )
+            assert not counters or counters[0] > done_ack[partition], (
+                f"{where}: partition {partition} still holds events acknowledged before the kill"
+            )
+            for counter, event_id in events:
+                assert ledger.ids[counter] == event_id, f"{where}: event {counter} changed id"
+            ledger.queued[partition] = counters
+        all_ids = [event_id for events in found.values() for _, event_id in events]
+        assert len(set(all_ids)) == len(all_ids), f"{where}: duplicate event ids"
+        ledger.next_counter = next_counter
+    assert ledger.next_counter > 20 * SPOOL_CYCLES, f"seed {seed}: only {ledger.next_counter} sends"
