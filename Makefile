@@ -31,7 +31,7 @@ slow: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -m slow $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	for script in bench/*.py; do $(BIN)/python $$script --quick || exit 1; done
+	for script in bench/[!_]*.py; do $(BIN)/python $$script --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -137,6 +137,25 @@ def _encode_headers(headers: HeaderList) -> bytes:
     return b"".join(parts)
 
 
+def decode_for_kafka(
+    payload: bytes,
+) -> tuple[bytes, int, bytes | None, bytes | None, HeaderList | None]:
+    """(event_id as bytes, create time, key, value, headers): what a Kafka record needs.
+
+    The sender's hot path: without headers it slices the payload instead of building an
+    Event, and keeps the id as the bytes the `event_id` header carries.
+    """
+    version, flags, raw_id, create_ms, key_len, value_len = _FIXED.unpack_from(payload, 0)
+    if flags or version != ENVELOPE_VERSION:
+        event = decode(payload)
+        return raw_id, create_ms, event.key, event.value, event.headers
+    pos = FIXED_SIZE
+    key = None if key_len < 0 else payload[pos : pos + key_len]
+    pos += max(key_len, 0)
+    value = None if value_len < 0 else payload[pos : pos + value_len]
+    return raw_id, create_ms, key, value, None
+
+
 def decode(payload: bytes | memoryview) -> Event:
     """Parse a payload written by `encode`; raises ValueError on anything malformed."""
     try:

@@ -7,21 +7,25 @@ errors itself; `message.timeout.ms=0` means it never gives up on an event silent
 transient failure that does surface rewinds the queue once its in-flight records have
 settled, and the queue resends after a backoff: at-least-once, duplicates removable by
 event_id. A permanent failure sends that event to the dead-letter file and moves on.
+
+Delivery reports of one partition arrive in produce order (librdkafka keeps it, and the
+idempotent producer guarantees it), so one shared callback pops the sequence from the
+partition's in-flight queue instead of a closure per record.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from eventspool.clock import Clock
 from eventspool.config import KafkaConfigValue, SenderSettings
-from eventspool.envelope import decode
+from eventspool.envelope import decode_for_kafka
 from eventspool.sender.deadletter import DeadLetter, DeadLetterFile
 from eventspool.sender.errors import is_permanent
 from eventspool.sender.metadata import MetadataClient
@@ -36,11 +40,12 @@ _UNKNOWN_TOPIC_RETRY_S = 1.0
 _ENVELOPE_OVERHEAD = 4096
 
 
-@dataclass(slots=True)
+@dataclass(eq=False, slots=True)
 class _QueueState:
     ref: QueueRef
     partition: int
     tracker: AckTracker
+    in_flight: deque[int] = field(default_factory=deque)
     retry_at: float = 0.0
     backoff_s: float = 0.0
 
@@ -85,6 +90,7 @@ class Sender:
                 "acks": "all",
                 "message.timeout.ms": 0,
                 "error_cb": self._on_error,
+                "on_delivery": self._on_delivery,
                 "logger": logging.getLogger("eventspool.librdkafka"),
             }
         )
@@ -92,6 +98,8 @@ class Sender:
         self.dead_letters = DeadLetterFile(directory)
         self.counters = SenderCounters()
         self._queues: dict[RingQueue, _QueueState] = {}
+        self._by_partition: dict[tuple[str, int], _QueueState] = {}
+        self._advanced: set[_QueueState] = set()
         self._next_refresh = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="eventspool-sender", daemon=True)
@@ -106,6 +114,7 @@ class Sender:
         self._thread.join(timeout)
         self._producer.purge()
         self._producer.poll(0)
+        self._apply_acks()
 
     def request_metadata_refresh(self) -> None:
         self._next_refresh = 0.0
@@ -118,6 +127,7 @@ class Sender:
                 self._refresh_metadata()
                 produced = self._produce_round()
                 self._producer.poll(0 if produced else _IDLE_POLL_S)
+                self._apply_acks()
                 self._settle()
             except Exception:
                 log.exception("sender loop error; retrying")
@@ -157,6 +167,7 @@ class Sender:
             if state is None:
                 state = _QueueState(ref, ref.partition, AckTracker(ref.ring.head_seq))
                 self._queues[ref.ring] = state
+                self._by_partition[(ref.topic, ref.partition)] = state
             if state.tracker.failed or now < state.retry_at:
                 continue
             room = self._settings.max_in_flight_per_queue - state.tracker.in_flight
@@ -169,59 +180,88 @@ class Sender:
         return produced
 
     def _produce(self, state: _QueueState, record: Record) -> None:
-        ref = state.ref
-        event = decode(record.payload)
-        headers: list[tuple[str, str | bytes | None]] = [("event_id", event.event_id.encode())]
-        if event.headers:
-            headers.extend(event.headers)
-        callback = functools.partial(self._on_delivery, state, record.seq)
+        try:
+            event_id, create_ms, key, value, extra_headers = decode_for_kafka(record.payload)
+        except ValueError as exc:
+            self._dead_letter_raw(state, record, f"undecodable envelope: {exc}")
+            return
+        headers: list[tuple[str, str | bytes | None]] = [("event_id", event_id)]
+        if extra_headers:
+            headers.extend(extra_headers)
         state.tracker.sent(record.seq)
         while True:
             try:
                 self._producer.produce(
-                    ref.topic,
-                    event.value,
-                    event.key,
+                    state.ref.topic,
+                    value,
+                    key,
                     partition=state.partition,
-                    timestamp=event.create_time_ms,
+                    timestamp=create_ms,
                     headers=headers,
-                    on_delivery=callback,
                 )
+                state.in_flight.append(record.seq)
                 return
             except BufferError:
                 self._producer.poll(0.05)
+                self._apply_acks()
             except KafkaException as exc:
                 error = exc.args[0]
                 if not isinstance(error, KafkaError):
                     raise
                 if is_permanent(error):
-                    self._dead_letter(state, error, event.event_id, event.key, event.value)
-                    if state.tracker.completed(record.seq):
-                        ref.ring.ack(state.tracker.acked_until - 1)
+                    self._dead_letter(state, error, event_id.decode(), key, value)
+                    self._settled(state, record.seq)
                 else:
-                    callback(error, None)
+                    self.counters.last_error = str(error)
+                    state.tracker.failed_transiently()
                 return
 
-    def _on_delivery(
-        self, state: _QueueState, seq: int, error: KafkaError | None, message: Message | None
-    ) -> None:
-        tracker = state.tracker
+    def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
+        """Serve one delivery report; reports of a partition come in produce order."""
+        state = self._by_partition[(message.topic() or "", message.partition() or 0)]
+        seq = state.in_flight.popleft()
         if error is None:
             self.counters.delivered += 1
-            if tracker.completed(seq):
-                state.ref.ring.ack(tracker.acked_until - 1)
+            self._settled(state, seq)
             state.backoff_s = 0.0
             return
-        if is_permanent(error) and message is not None:
+        if is_permanent(error):
             raw_id = dict(message.headers() or []).get("event_id")
             event_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
             key, value = message.key(), message.value()
             self._dead_letter(state, error, event_id, _as_bytes(key), _as_bytes(value))
-            if tracker.completed(seq):
-                state.ref.ring.ack(tracker.acked_until - 1)
+            self._settled(state, seq)
             return
         self.counters.last_error = str(error)
-        tracker.failed_transiently()
+        state.tracker.failed_transiently()
+
+    def _dead_letter_raw(self, state: _QueueState, record: Record, reason: str) -> None:
+        """Keep a record no Kafka message can be made of, as it is, with the reason."""
+        state.tracker.sent(record.seq)
+        self.dead_letters.write(
+            DeadLetter(
+                topic=state.ref.topic,
+                partition=state.partition,
+                event_id=None,
+                key=None,
+                value=record.payload,
+                error_code="UNDECODABLE",
+                reason=reason,
+                time_ms=self._clock.now_ms(),
+            )
+        )
+        self.counters.dead_letters += 1
+        self._settled(state, record.seq)
+
+    def _settled(self, state: _QueueState, seq: int) -> None:
+        if state.tracker.completed(seq):
+            self._advanced.add(state)
+
+    def _apply_acks(self) -> None:
+        """Move read positions once per poll, not once per delivery report."""
+        for state in self._advanced:
+            state.ref.ring.ack(state.tracker.acked_until - 1)
+        self._advanced.clear()
 
     def _dead_letter(
         self,

