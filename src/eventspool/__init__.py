@@ -1,5 +1,7 @@
 """eventspool: hand an event to a durable local spool and go on; a sender ships it to Kafka."""
 
+import logging
+
 from eventspool.config import Durability, FullPolicy, QueueSettings, SpoolSettings
 from eventspool.errors import (
     CorruptQueueError,
@@ -26,3 +28,6 @@ __all__ = [
     "SpoolLockedError",
     "SpoolSettings",
 ]
+
+# A library logs; the application decides where that goes (no lastResort output).
+logging.getLogger("eventspool").addHandler(logging.NullHandler())

@@ -8,6 +8,7 @@ process accepts and partitions events while Kafka is unreachable.
 from __future__ import annotations
 
 import logging
+import time
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -54,9 +55,10 @@ class MetadataClient:
             for name in names
         ]
         timeout = self._settings.metadata_timeout_s
+        deadline = time.monotonic() + timeout
         for name, future in admin.create_topics(topics, request_timeout=timeout).items():
             try:
-                future.result(timeout)
+                future.result(max(0.0, deadline - time.monotonic()))
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 if (

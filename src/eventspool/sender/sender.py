@@ -108,10 +108,15 @@ class Sender:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float) -> None:
-        """Stop the loop; whatever is still unacknowledged stays queued for the next run."""
+    def stop(self) -> None:
+        """Stop the loop; whatever is still unacknowledged stays queued for the next run.
+
+        Waits for the thread itself, however long its current metadata request takes
+        (bounded by `metadata_timeout_s`): the caller closes the queue files next, and
+        the producer must not be used from two threads.
+        """
         self._stop.set()
-        self._thread.join(timeout)
+        self._thread.join()
         self._producer.purge()
         self._producer.poll(0)
         self._apply_acks()

@@ -170,7 +170,7 @@ class Spool:
         try:
             if self.sender is not None:
                 self.flush(timeout)
-                self.sender.stop(timeout=max(1.0, timeout))
+                self.sender.stop()
         finally:
             self._registry.close()
             self._owner.release()
