@@ -373,8 +373,8 @@ def test_damaged_header_refuses_to_open_and_leaves_the_file_alone(
         assert path.read_bytes() == before
 
 
-def test_spool_refuses_a_damaged_header_and_can_be_retried(tmp_path: Path) -> None:
-    """The Spool raises naming the file, leaves it as it was, and does not keep the lock."""
+def _spool_with_a_bad_queue(tmp_path: Path) -> tuple[Path, bytes]:
+    """Two topics, one queue each; the queue of "b-bad" gets a bad magic number."""
     with Spool(tmp_path, settings=SPOOL_SETTINGS) as spool:
         for topic in ("a-good", "b-bad"):
             spool.set_partition_count(topic, 1)
@@ -383,11 +383,17 @@ def test_spool_refuses_a_damaged_header_and_can_be_retried(tmp_path: Path) -> No
     data = bytearray(bad.read_bytes())
     _bad_magic(data)
     bad.write_bytes(bytes(data))
+    return bad, bytes(data)
+
+
+def test_spool_refuses_a_damaged_header_and_can_be_retried(tmp_path: Path) -> None:
+    """The Spool raises naming the file, leaves it as it was, and does not keep the lock."""
+    bad, data = _spool_with_a_bad_queue(tmp_path)
     for _ in range(2):  # the second attempt must meet the same error, not a stale lock
         with pytest.raises(CorruptQueueError, match="bad magic") as caught:
             Spool(tmp_path, settings=SPOOL_SETTINGS)
         assert caught.value.path == str(bad)
-        assert bad.read_bytes() == bytes(data)
+        assert bad.read_bytes() == data
 
 
 def _descriptors_on(path: Path) -> int:
@@ -406,14 +412,7 @@ def _descriptors_on(path: Path) -> int:
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
 def test_failed_spool_open_does_not_leak_descriptors(tmp_path: Path) -> None:
     """A service retrying a failed open must not run out of file descriptors."""
-    with Spool(tmp_path, settings=SPOOL_SETTINGS) as spool:
-        for topic in ("a-good", "b-bad"):
-            spool.set_partition_count(topic, 1)
-            spool.send(topic, b"value")
-    bad = tmp_path / "topics" / "b-bad" / "0.queue"
-    data = bytearray(bad.read_bytes())
-    _bad_magic(data)
-    bad.write_bytes(bytes(data))
+    bad, data = _spool_with_a_bad_queue(tmp_path)
     good = tmp_path / "topics" / "a-good" / "0.queue"
     assert _descriptors_on(good) == 0
     for _ in range(3):
