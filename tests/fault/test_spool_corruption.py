@@ -412,7 +412,7 @@ def _descriptors_on(path: Path) -> int:
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
 def test_failed_spool_open_does_not_leak_descriptors(tmp_path: Path) -> None:
     """A service retrying a failed open must not run out of file descriptors."""
-    bad, data = _spool_with_a_bad_queue(tmp_path)
+    _spool_with_a_bad_queue(tmp_path)
     good = tmp_path / "topics" / "a-good" / "0.queue"
     assert _descriptors_on(good) == 0
     for _ in range(3):
