@@ -651,3 +651,14 @@ def test_fsync_durability_shares_syncs_between_threads(tmp_path: Path) -> None:
     for ids in sent:  # each thread's events are in its own order
         positions = [queued.index(i) for i in ids]
         assert positions == sorted(positions)
+
+
+def test_keyless_events_avoid_partitions_without_a_leader(tmp_path: Path) -> None:
+    """The sender reports which partitions have a leader; sticky choice stays among them."""
+    with Spool(tmp_path, settings=SMALL) as spool:
+        spool.set_partition_count("keyless", 4)
+        spool._registry.set_available_partitions("keyless", frozenset({1, 3}))
+        for _ in range(400):
+            spool.send("keyless", b"v" * 200)
+        used = {ref.partition for ref in spool.queues() if ref.ring.depth}
+    assert used == {1, 3}

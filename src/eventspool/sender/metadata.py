@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -17,6 +18,12 @@ from confluent_kafka.cimpl import NewTopic
 from eventspool.config import KafkaConfigValue, SenderSettings
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLayout:
+    partition_count: int
+    led_partitions: frozenset[int]
 
 
 class MetadataClient:
@@ -30,15 +37,18 @@ class MetadataClient:
         self._admin_config = admin_config
         self._settings = settings
 
-    def partition_counts(self) -> dict[str, int] | None:
-        """Every topic's partition count, or None when no broker answered in time."""
+    def topics(self) -> dict[str, TopicLayout] | None:
+        """Every topic's partitions, or None when no broker answered in time."""
         try:
             metadata = self._producer.list_topics(timeout=self._settings.metadata_timeout_s)
         except KafkaException as exc:
             log.debug("metadata request failed: %s", exc)
             return None
         return {
-            name: len(topic.partitions)
+            name: TopicLayout(
+                len(topic.partitions),
+                frozenset(p.id for p in topic.partitions.values() if p.leader >= 0),
+            )
             for name, topic in metadata.topics.items()
             if topic.error is None and topic.partitions
         }

@@ -142,19 +142,20 @@ class Sender:
         now = self._clock.monotonic()
         if now < self._next_refresh:
             return
-        counts = self._metadata.partition_counts()
-        if counts is None:
+        layouts = self._metadata.topics()
+        if layouts is None:
             self.connected = False
             self._next_refresh = now + _UNKNOWN_TOPIC_RETRY_S
             return
         self.connected = True
         missing = []
         for topic in self._registry.topics():
-            count = counts.get(topic.name)
-            if count is None:
+            layout = layouts.get(topic.name)
+            if layout is None:
                 missing.append(topic.name)
-            else:
-                self._registry.set_partition_count(topic.name, count)
+                continue
+            self._registry.set_partition_count(topic.name, layout.partition_count)
+            self._registry.set_available_partitions(topic.name, layout.led_partitions)
         if missing and self._settings.create_topics:
             self._metadata.create_topics(missing)
         interval = _UNKNOWN_TOPIC_RETRY_S if missing else self._settings.metadata_refresh_s

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Final
 
 __all__ = [
@@ -93,7 +93,7 @@ def partition_for_key(key: bytes, partition_count: int) -> int:
     return positive % partition_count
 
 
-def _eligible(partition_count: int, available: Sequence[int] | None) -> Sequence[int]:
+def _eligible(partition_count: int, available: Collection[int] | None) -> Sequence[int]:
     """Return the partitions a switch may choose from, without duplicates.
 
     Kafka falls back to every partition when none has a live leader, since
@@ -135,7 +135,7 @@ class StickyPartitioner:
         return self._batch_bytes
 
     def partition(
-        self, partition_count: int, size: int, available: Sequence[int] | None = None
+        self, partition_count: int, size: int, available: Collection[int] | None = None
     ) -> int:
         """Return the partition for a keyless event of ``size`` bytes.
 

@@ -63,6 +63,7 @@ class TopicQueues:
         self.partition_count = partition_count
         self.partitions: dict[int, RingQueue] = {}
         self.pending: RingQueue | None = None
+        self.available: frozenset[int] | None = None
         self._sticky = StickyPartitioner(registry.settings.sticky_batch_bytes)
 
     def partition_ring(self, partition: int) -> RingQueue:
@@ -92,7 +93,7 @@ class TopicQueues:
                 count = self.partition_count
         if key is None:
             with self.lock:
-                partition = self._sticky.partition(count, len(payload))
+                partition = self._sticky.partition(count, len(payload), self.available)
         else:
             partition = partition_for_key(key, count)
         self.partition_ring(partition).append(payload, timestamp_ms)
@@ -198,6 +199,14 @@ class QueueRegistry:
             with self._lock:
                 self._counts[name] = count
                 save_partition_counts(self.directory, self._counts)
+
+    def set_available_partitions(self, name: str, available: frozenset[int] | None) -> None:
+        """Partitions whose leader is reachable; keyless events stick only to those.
+
+        None (or an empty set) means no information: any partition may be chosen, as in
+        Kafka, because queueing on any partition beats refusing the event.
+        """
+        self.topic(name).available = available or None
 
     def _move_pending(self, topic: TopicQueues, pending: RingQueue, count: int) -> None:
         sticky = StickyPartitioner(self.settings.sticky_batch_bytes)
