@@ -6,7 +6,9 @@ from eventspool.config import Durability, FullPolicy, QueueSettings, SpoolSettin
 from eventspool.errors import (
     CorruptQueueError,
     EventspoolError,
+    EventTooLargeError,
     InvalidEventError,
+    InvalidTopicError,
     QueueFileError,
     SpoolClosedError,
     SpoolFullError,
@@ -17,9 +19,11 @@ from eventspool.spool.api import Spool
 __all__ = [
     "CorruptQueueError",
     "Durability",
+    "EventTooLargeError",
     "EventspoolError",
     "FullPolicy",
     "InvalidEventError",
+    "InvalidTopicError",
     "QueueFileError",
     "QueueSettings",
     "Spool",

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import click
 
+from eventspool.agent.config import ConfigError, load_agent_config
+from eventspool.agent.service import run
 from eventspool.broker.cli import broker
+from eventspool.client.sync import Client
+from eventspool.errors import EventspoolError, SpoolLockedError
 from eventspool.spool.inspect import QueueReport, SpoolReport, inspect_spool
 
 
@@ -112,6 +118,80 @@ def _human_bytes(count: int) -> str:
             return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
         size /= 1024
     return f"{size:.1f}GiB"
+
+
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="agent.toml; environment variables EVENTSPOOL_<SECTION>_<KEY> override it.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log at debug level.")
+def agent(config_path: Path | None, verbose: bool) -> None:
+    """Run the agent: own a spool directory, ship it to Kafka, accept events on a socket."""
+    try:
+        config = load_agent_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        run(config)
+    except SpoolLockedError as exc:
+        raise click.ClickException(f"another agent is running: {exc}") from exc
+
+
+@main.command()
+@click.argument("topic")
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="EVENTSPOOL_AGENT_SOCKET",
+    default=Path("spool") / "agent.sock",
+    show_default=True,
+    help="The agent's socket (env: EVENTSPOOL_AGENT_SOCKET).",
+)
+@click.option(
+    "--json",
+    "json_lines",
+    is_flag=True,
+    help='Each line is {"value": ..., "key": ..., "headers": {...}} instead of a plain value.',
+)
+def send(topic: str, socket_path: Path, json_lines: bool) -> None:
+    """Send each line of standard input to TOPIC through the agent; print the event ids."""
+    sent = failed = 0
+    with Client(socket_path) as client:
+        for number, raw_line in enumerate(sys.stdin, start=1):
+            line = raw_line.rstrip("\n")
+            if not line:
+                continue
+            try:
+                if json_lines:
+                    event = json.loads(line)
+                    if not isinstance(event, dict):
+                        raise ValueError("a JSON line must be an object")
+                    value = event.get("value")
+                    event_id = client.send(
+                        topic,
+                        None if value is None else str(value).encode(),
+                        key=event.get("key"),
+                        headers=event.get("headers"),
+                    )
+                else:
+                    event_id = client.send(topic, line.encode())
+            except (ValueError, EventspoolError) as exc:
+                failed += 1
+                click.echo(f"line {number}: {exc}", err=True)
+                continue
+            sent += 1
+            click.echo(event_id)
+    click.echo(f"sent {sent}, failed {failed}", err=True)
+    if failed:
+        raise SystemExit(1)
 
 
 main.add_command(broker)

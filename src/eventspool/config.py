@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from eventspool.errors import InvalidEventError
+from eventspool.errors import InvalidTopicError
 
 MIB = 1024 * 1024
 
@@ -85,18 +85,18 @@ MAX_TOPIC_LENGTH = 249
 def validate_topic(topic: object) -> str:
     """Apply Kafka's own topic-name rules, so a bad name fails at `send()`, not at the broker."""
     if not isinstance(topic, str):
-        raise InvalidEventError(f"topic must be a str, got {type(topic).__name__}")
+        raise InvalidTopicError(f"topic must be a str, got {type(topic).__name__}")
     if not topic:
-        raise InvalidEventError("topic name is empty")
+        raise InvalidTopicError("topic name is empty")
     if topic in (".", ".."):
-        raise InvalidEventError(f"topic name {topic!r} is not allowed")
+        raise InvalidTopicError(f"topic name {topic!r} is not allowed")
     if len(topic) > MAX_TOPIC_LENGTH:
-        raise InvalidEventError(
+        raise InvalidTopicError(
             f"topic name is {len(topic)} characters long; Kafka allows {MAX_TOPIC_LENGTH}"
         )
     bad = sorted(set(topic) - _TOPIC_CHARS)
     if bad:
-        raise InvalidEventError(
+        raise InvalidTopicError(
             f"topic name {topic!r} contains {''.join(bad)!r}; "
             "Kafka allows only ASCII letters, digits, '.', '_' and '-'"
         )

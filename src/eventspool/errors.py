@@ -15,6 +15,14 @@ class InvalidEventError(EventspoolError, ValueError):
     """The event itself is unacceptable: bad topic name, wrong value type, too large."""
 
 
+class InvalidTopicError(InvalidEventError):
+    """The topic name breaks Kafka's naming rules."""
+
+
+class EventTooLargeError(InvalidEventError):
+    """The event is over `max_event_bytes` (or the queue's own record limit)."""
+
+
 class SpoolFullError(EventspoolError):
     """A queue has no room and its policy is `reject`, or `block` timed out."""
 

@@ -10,7 +10,7 @@ from types import TracebackType
 from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import SenderSettings, SpoolSettings, validate_topic
 from eventspool.envelope import EventIdGenerator, HeadersInput, encode, normalize_headers
-from eventspool.errors import InvalidEventError, SpoolClosedError
+from eventspool.errors import EventTooLargeError, InvalidEventError, SpoolClosedError
 from eventspool.sender.sender import Sender
 from eventspool.spool.lock import OwnerLock
 from eventspool.spool.registry import QueueRef, QueueRegistry, TopicQueues
@@ -102,7 +102,7 @@ class Spool:
         event_id = self._ids.next_id(now)
         payload = encode(event_id.encode(), now, key, value, header_list)
         if len(payload) > self.settings.max_event_bytes:
-            raise InvalidEventError(
+            raise EventTooLargeError(
                 f"event for topic {topic!r} is {len(payload)} bytes, over the maximum of "
                 f"{self.settings.max_event_bytes} (max_event_bytes)"
             )

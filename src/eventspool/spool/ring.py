@@ -62,11 +62,13 @@ from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import Durability, FullPolicy, QueueSettings
 from eventspool.errors import (
     CorruptQueueError,
+    EventTooLargeError,
     InvalidEventError,
     QueueFileError,
     SpoolClosedError,
     SpoolFullError,
 )
+from eventspool.metrics import FSYNC_SECONDS
 
 MAGIC = b"EVSPRING"
 FORMAT_VERSION = 1
@@ -164,7 +166,8 @@ class _GroupCommit:
                 target = max(seq, latest_seq)
                 self._cond.release()
                 try:
-                    os.fdatasync(self._fd)
+                    with FSYNC_SECONDS.time():
+                        os.fdatasync(self._fd)
                 finally:
                     self._cond.acquire()
                     self._syncing = False
@@ -414,7 +417,7 @@ class RingQueue:
     def _bad_length(self, length: int) -> InvalidEventError:
         if not length:
             return InvalidEventError("a queue record must not be empty")
-        return InvalidEventError(
+        return EventTooLargeError(
             f"record of {length} bytes exceeds the maximum of {self._max_payload} "
             f"for queue {self.path.name}"
         )

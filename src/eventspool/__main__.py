@@ -1,0 +1,5 @@
+"""`python -m eventspool` is the `eventspool` command."""
+
+from eventspool.cli import main
+
+main()

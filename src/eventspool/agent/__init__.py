@@ -1,0 +1,1 @@
+"""The local agent: spools events sent over a socket by processes in any language."""

@@ -1,0 +1,226 @@
+"""The HTTP/1.1 JSON interface, on the same socket as the binary protocol.
+
+So any language with an HTTP client (or `curl --unix-socket`) can send events:
+
+    POST /v1/topics/{topic}   {"value": "...", "key": "...", "headers": {"h": "v"}}
+                              or {"events": [ ...those objects... ]}
+                              `value_b64` / `key_b64` carry bytes that are not UTF-8 text;
+                              "value": null is a tombstone
+    GET  /metrics             Prometheus text format
+    GET  /healthz             {"status": "ok", "broker_connected": true|false}
+
+h11 parses the HTTP; this module only maps requests to the agent. Every event gets its
+own result; the response is 200 when all were spooled, else the status of the first
+failure (400 bad event, 413 too large, 503 spool full or shutting down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+
+from eventspool.agent.protocol import EventResult, SendRequest, Status, WireEvent
+
+_READ_SIZE = 64 * 1024
+_HTTP_STATUS = {
+    Status.OK: 200,
+    Status.SPOOL_FULL: 503,
+    Status.INVALID_TOPIC: 400,
+    Status.TOO_LARGE: 413,
+    Status.MALFORMED: 400,
+    Status.INTERNAL: 500,
+    Status.SHUTTING_DOWN: 503,
+}
+
+
+class BadRequestError(Exception):
+    """The request body is not what the interface accepts; answered with 400."""
+
+
+@dataclass(frozen=True, slots=True)
+class HttpHandlers:
+    send: Callable[[SendRequest], Awaitable[list[EventResult]]]
+    metrics: Callable[[], bytes]
+    health: Callable[[], dict[str, object]]
+
+
+def looks_like_http(first: bytes) -> bool:
+    """Binary frames start with a length whose first byte is 0 below 16 MiB; HTTP with a verb."""
+    return first[:1].isalpha()
+
+
+async def serve_http(
+    first: bytes,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    handlers: HttpHandlers,
+    *,
+    max_body: int,
+    request_timeout_s: float,
+) -> None:
+    connection = h11.Connection(h11.SERVER, max_incomplete_event_size=16 * 1024)
+    connection.receive_data(first)
+    request: h11.Request | None = None
+    body = bytearray()
+    started = time.monotonic()
+    while True:
+        try:
+            event = connection.next_event()
+        except h11.RemoteProtocolError as exc:
+            await _reply_error(writer, connection, exc.error_status_hint, str(exc))
+            return
+        if event is h11.NEED_DATA:
+            remaining = started + request_timeout_s - time.monotonic()
+            try:
+                data = await asyncio.wait_for(reader.read(_READ_SIZE), max(remaining, 0.0))
+            except TimeoutError:
+                return
+            connection.receive_data(data)
+            continue
+        if isinstance(event, h11.Request):
+            request, body, started = event, bytearray(), time.monotonic()
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > max_body:
+                await _reply_error(writer, connection, 413, f"body over {max_body} bytes")
+                return
+        elif isinstance(event, h11.EndOfMessage) and request is not None:
+            status, content_type, payload = await _route(request, bytes(body), handlers)
+            await _reply(writer, connection, status, content_type, payload)
+            if connection.our_state is h11.MUST_CLOSE:
+                return
+            connection.start_next_cycle()
+            request = None
+        elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+            return
+
+
+async def _route(
+    request: h11.Request, body: bytes, handlers: HttpHandlers
+) -> tuple[int, bytes, bytes]:
+    method = request.method.decode()
+    path = request.target.decode().split("?", 1)[0]
+    if path == "/metrics" and method == "GET":
+        return 200, b"text/plain; version=0.0.4; charset=utf-8", handlers.metrics()
+    if path == "/healthz" and method == "GET":
+        return 200, b"application/json", json.dumps(handlers.health()).encode()
+    if path.startswith("/v1/topics/"):
+        if method != "POST":
+            return _json(405, {"error": f"{method} not allowed; use POST"})
+        topic = path.removeprefix("/v1/topics/")
+        try:
+            events = _parse_events(body)
+        except BadRequestError as exc:
+            return _json(400, {"error": str(exc)})
+        results = await handlers.send(SendRequest(topic, events))
+        failures = [r for r in results if r.status is not Status.OK]
+        status = _HTTP_STATUS[failures[0].status] if failures else 200
+        return _json(
+            status,
+            {
+                "results": [
+                    {"status": r.status.name.lower(), "event_id": r.text}
+                    if r.ok
+                    else {"status": r.status.name.lower(), "error": r.text}
+                    for r in results
+                ]
+            },
+        )
+    return _json(404, {"error": f"no such endpoint: {method} {path}"})
+
+
+def _parse_events(body: bytes) -> list[WireEvent]:
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequestError(f"body is not JSON: {exc}") from None
+    items = document.get("events") if isinstance(document, dict) and "events" in document else None
+    if items is None:
+        items = [document]
+    if not isinstance(items, list) or not items:
+        raise BadRequestError('"events" must be a non-empty list of event objects')
+    return [_parse_event(item, index) for index, item in enumerate(items)]
+
+
+def _parse_event(item: Any, index: int) -> WireEvent:
+    if not isinstance(item, dict):
+        raise BadRequestError(f"event {index} is not a JSON object")
+    unknown = set(item) - {"value", "value_b64", "key", "key_b64", "headers"}
+    if unknown:
+        raise BadRequestError(f"event {index} has unknown fields: {', '.join(sorted(unknown))}")
+    value = _bytes_field(item, "value", index)
+    key = _bytes_field(item, "key", index)
+    headers = item.get("headers")
+    if headers is not None:
+        if not isinstance(headers, dict) or not all(
+            isinstance(v, str | None) for v in headers.values()
+        ):
+            raise BadRequestError(f"event {index}: headers must be an object of strings")
+        return WireEvent(
+            value, key, [(k, None if v is None else v.encode()) for k, v in headers.items()]
+        )
+    return WireEvent(value, key)
+
+
+def _bytes_field(item: dict[str, Any], name: str, index: int) -> bytes | None:
+    text, encoded = item.get(name), item.get(f"{name}_b64")
+    if text is not None and encoded is not None:
+        raise BadRequestError(f"event {index}: give {name} or {name}_b64, not both")
+    if encoded is not None:
+        if not isinstance(encoded, str):
+            raise BadRequestError(f"event {index}: {name}_b64 must be a base64 string")
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequestError(f"event {index}: {name}_b64 is not valid base64") from None
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise BadRequestError(f"event {index}: {name} must be a string (or use {name}_b64)")
+    return text.encode()
+
+
+def _json(status: int, document: dict[str, object]) -> tuple[int, bytes, bytes]:
+    return status, b"application/json", json.dumps(document).encode()
+
+
+async def _reply(
+    writer: asyncio.StreamWriter,
+    connection: h11.Connection,
+    status: int,
+    content_type: bytes,
+    payload: bytes,
+) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(payload)).encode())]
+    writer.write(connection.send(h11.Response(status_code=status, headers=headers)) or b"")
+    writer.write(connection.send(h11.Data(data=payload)) or b"")
+    writer.write(connection.send(h11.EndOfMessage()) or b"")
+    await writer.drain()
+
+
+async def _reply_error(
+    writer: asyncio.StreamWriter, connection: h11.Connection, status: int, message: str
+) -> None:
+    if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        return
+    payload = json.dumps({"error": message}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        (b"connection", b"close"),
+    ]
+    try:
+        writer.write(connection.send(h11.Response(status_code=status, headers=headers)) or b"")
+        writer.write(connection.send(h11.Data(data=payload)) or b"")
+        writer.write(connection.send(h11.EndOfMessage()) or b"")
+        await writer.drain()
+    except h11.LocalProtocolError:
+        return

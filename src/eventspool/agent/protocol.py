@@ -1,0 +1,490 @@
+"""The agent's binary protocol: length-prefixed frames carrying batches of events.
+
+Every integer is big endian, as in Kafka, so a client in another language can reuse
+the byte handling it already has. Frame, version 1::
+
+    offset  size  field
+    0       4     length of what follows: type + request id + body (5 .. max frame)
+    4       1     frame type (FrameType)
+    5       4     request id, chosen by the client and echoed in the response
+    9       n     body, length - 5 bytes
+
+SEND body (type 1)::
+
+    size  field
+    2     topic length
+    n     topic (UTF-8)
+    4     event count
+    ...   the events, each:
+          1  flags: bit 0 = key present, bit 1 = value present (absent: a null value,
+             a tombstone), bit 2 = headers present; the other bits must be 0
+          if bit 0: 4 key length, key bytes
+          if bit 1: 4 value length, value bytes
+          if bit 2: 2 header count, and per header
+                    2 name length, name (UTF-8),
+                    4 value length (signed, -1: null), value bytes
+
+SEND_RESULT body (type 0x81), one result per event of the SEND, in order::
+
+    4     result count
+    ...   per result: 1 status (Status), 2 text length, text (UTF-8): the event_id
+          when the status is OK, else the error message
+
+PING (2) carries any body; PONG (0x82) echoes it. STATS (3) has an empty body;
+STATS_RESULT (0x83) carries a UTF-8 JSON object. ERROR (0xFF) reports a request that
+could not be parsed at all, after which the agent closes the connection::
+
+    1     status (Status)
+    2     text length
+    n     text (UTF-8)
+
+Decoding never trusts a count or length: each is checked against the bytes that
+remain before anything is allocated for it, so a hostile or corrupt peer costs at
+most one frame of memory.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+from eventspool.envelope import HeaderList
+from eventspool.errors import EventspoolError
+
+DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+FRAME_HEADER = struct.Struct(">IBI")
+HEADER_SIZE = FRAME_HEADER.size
+_LENGTH = struct.Struct(">I")
+_MIN_LENGTH = HEADER_SIZE - _LENGTH.size
+_MAX_LENGTH = 0xFFFF_FFFF
+_MAX_REQUEST_ID = 0xFFFF_FFFF
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_I32 = struct.Struct(">i")
+_STATUS_TEXT = struct.Struct(">BH")
+_MAX_U16 = 0xFFFF
+_MAX_U32 = 0xFFFF_FFFF
+_MAX_I32 = 0x7FFF_FFFF
+_MAX_TEXT = _MAX_U16
+
+_FLAG_KEY = 0x01
+_FLAG_VALUE = 0x02
+_FLAG_HEADERS = 0x04
+_KNOWN_FLAGS = _FLAG_KEY | _FLAG_VALUE | _FLAG_HEADERS
+_MIN_EVENT = 1
+_MIN_HEADER = _U16.size + _I32.size
+_MIN_RESULT = _STATUS_TEXT.size
+
+
+class FrameType(IntEnum):
+    """The first byte after the length; responses have the high bit set."""
+
+    SEND = 1
+    PING = 2
+    STATS = 3
+    SEND_RESULT = 0x81
+    PONG = 0x82
+    STATS_RESULT = 0x83
+    ERROR = 0xFF
+
+
+class Status(IntEnum):
+    """Outcome of one event in a SEND_RESULT, or the cause in an ERROR frame."""
+
+    OK = 0
+    SPOOL_FULL = 1
+    INVALID_TOPIC = 2
+    TOO_LARGE = 3
+    MALFORMED = 4
+    INTERNAL = 5
+    SHUTTING_DOWN = 6
+
+
+_FRAME_TYPES = {member.value: member for member in FrameType}
+_STATUSES = {member.value: member for member in Status}
+
+
+class ProtocolError(EventspoolError):
+    """Bytes that do not follow the protocol, or values it cannot carry.
+
+    On a connection this is fatal: the stream can no longer be trusted to be in step.
+    """
+
+
+class FrameTooLargeError(ProtocolError):
+    """A length prefix above the maximum frame size; raised before the body is read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame with its length stripped; the body is not parsed yet."""
+
+    type: FrameType
+    request_id: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class WireEvent:
+    """One event as a client sends it; the agent gives it its id and create time."""
+
+    value: bytes | None
+    key: bytes | None = None
+    headers: HeaderList | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SendRequest:
+    """A parsed SEND body: a batch of events for one topic."""
+
+    topic: str
+    events: list[WireEvent]
+
+
+@dataclass(frozen=True, slots=True)
+class EventResult:
+    """The outcome of one event, or of a whole request in an ERROR frame."""
+
+    status: Status
+    text: str
+
+    @property
+    def ok(self) -> bool:
+        """True when the event is durably spooled and `text` is its event_id."""
+        return self.status == Status.OK
+
+
+# ---- framing -----------------------------------------------------------------------
+
+
+class FrameDecoder:
+    """Cuts a byte stream into frames, however the stream was split into reads.
+
+    A length prefix is checked as soon as its four bytes arrive, so an oversized or
+    garbage frame is refused before its body is buffered: memory stays bounded by the
+    maximum frame size plus one read. After any error the decoder stays failed, because
+    the stream is out of step and the connection is to be closed.
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if not _MIN_LENGTH <= max_frame <= _MAX_LENGTH:
+            raise ValueError(f"max_frame must be within {_MIN_LENGTH}..{_MAX_LENGTH}")
+        self._max_frame = max_frame
+        self._buffer = bytearray()
+        self._failed: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as part of a frame."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Take the next bytes of the stream; return the frames they complete.
+
+        Frames completed earlier in the same call are discarded when an error is
+        raised: none of them was acted on, so the client retries them all.
+        """
+        if self._failed is not None:
+            raise ProtocolError(f"decoder already failed: {self._failed}")
+        if self._buffer:
+            self._buffer += data
+            source: bytes | bytearray = self._buffer
+        else:
+            source = data
+        frames: list[Frame] = []
+        try:
+            with memoryview(source) as view:
+                pos = self._parse(view, frames)
+                rest = None if source is self._buffer else bytes(view[pos:])
+        except ProtocolError as exc:
+            self._failed = exc
+            self._buffer = bytearray()
+            raise
+        if rest is None:
+            del self._buffer[:pos]
+        else:
+            self._buffer = bytearray(rest)
+        return frames
+
+    def _parse(self, view: memoryview, frames: list[Frame]) -> int:
+        """Append every whole frame in `view` to `frames`; return the bytes consumed."""
+        size = len(view)
+        pos = 0
+        while size - pos >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(view, pos)
+            if length > self._max_frame:
+                raise FrameTooLargeError(
+                    f"frame length {length} exceeds the maximum of {self._max_frame} bytes"
+                )
+            if length < _MIN_LENGTH:
+                raise ProtocolError(
+                    f"frame length {length} is below the minimum of {_MIN_LENGTH} "
+                    f"(type and request id)"
+                )
+            if size - pos <= _LENGTH.size:
+                break
+            raw_type = view[pos + _LENGTH.size]
+            frame_type = _FRAME_TYPES.get(raw_type)
+            if frame_type is None:
+                raise ProtocolError(f"unknown frame type 0x{raw_type:02x}")
+            end = pos + _LENGTH.size + length
+            if end > size:
+                break
+            _, _, request_id = FRAME_HEADER.unpack_from(view, pos)
+            frames.append(Frame(frame_type, request_id, bytes(view[pos + HEADER_SIZE : end])))
+            pos = end
+        return pos
+
+
+def encode_frame(type: FrameType, request_id: int, body: bytes) -> bytes:
+    """A whole frame: length prefix, type, request id, body."""
+    return _frame_header(type, request_id, len(body)) + body
+
+
+def _frame_header(frame_type: FrameType, request_id: int, body_length: int) -> bytes:
+    if not 0 <= request_id <= _MAX_REQUEST_ID:
+        raise ProtocolError(f"request id {request_id} does not fit in an unsigned 32-bit field")
+    length = _MIN_LENGTH + body_length
+    if length > _MAX_LENGTH:
+        raise ProtocolError(f"frame body of {body_length} bytes is too large for any frame")
+    return FRAME_HEADER.pack(length, frame_type, request_id)
+
+
+# ---- SEND ----------------------------------------------------------------------------
+
+
+def encode_send(request_id: int, topic: str, events: Sequence[WireEvent]) -> bytes:
+    """A whole SEND frame; raises ProtocolError for a value the format cannot carry."""
+    raw_topic = _encode_name(topic, "topic")
+    if len(events) > _MAX_U32:
+        raise ProtocolError(f"{len(events)} events; at most {_MAX_U32} fit in one SEND")
+    parts = [b"", _U16.pack(len(raw_topic)), raw_topic, _U32.pack(len(events))]
+    for index, event in enumerate(events):
+        key, value, headers = event.key, event.value, event.headers
+        flags = (
+            (0 if key is None else _FLAG_KEY)
+            | (0 if value is None else _FLAG_VALUE)
+            | (0 if headers is None else _FLAG_HEADERS)
+        )
+        parts.append(bytes((flags,)))
+        if key is not None:
+            parts.append(_pack_u32_length(len(key), index, "key"))
+            parts.append(key)
+        if value is not None:
+            parts.append(_pack_u32_length(len(value), index, "value"))
+            parts.append(value)
+        if headers is not None:
+            if len(headers) > _MAX_U16:
+                raise ProtocolError(
+                    f"event {index}: {len(headers)} headers; at most {_MAX_U16} are allowed"
+                )
+            parts.append(_U16.pack(len(headers)))
+            for name, header_value in headers:
+                raw_name = _encode_name(name, f"event {index}: header name")
+                parts.append(_U16.pack(len(raw_name)))
+                parts.append(raw_name)
+                if header_value is None:
+                    parts.append(_I32.pack(-1))
+                else:
+                    if len(header_value) > _MAX_I32:
+                        raise ProtocolError(
+                            f"event {index}: header {name!r} value of {len(header_value)} "
+                            f"bytes is too large"
+                        )
+                    parts.append(_I32.pack(len(header_value)))
+                    parts.append(header_value)
+    body_length = sum(len(part) for part in parts)
+    parts[0] = _frame_header(FrameType.SEND, request_id, body_length)
+    return b"".join(parts)
+
+
+def _encode_name(text: str, what: str) -> bytes:
+    try:
+        raw = text.encode()
+    except UnicodeEncodeError as exc:
+        raise ProtocolError(f"{what} {text!r} is not encodable as UTF-8: {exc.reason}") from None
+    if len(raw) > _MAX_U16:
+        raise ProtocolError(f"{what} of {len(raw)} bytes; at most {_MAX_U16} are allowed")
+    return raw
+
+
+def _pack_u32_length(length: int, index: int, what: str) -> bytes:
+    if length > _MAX_U32:
+        raise ProtocolError(f"event {index}: {what} of {length} bytes is too large")
+    return _U32.pack(length)
+
+
+def decode_send(body: bytes) -> SendRequest:
+    """Parse a SEND body; raises ProtocolError on anything malformed, naming where."""
+    size = len(body)
+    topic, pos = _read_text(body, 0, "SEND: topic")
+    if size - pos < _U32.size:
+        raise ProtocolError(f"SEND: body of {size} bytes ends before the event count")
+    (count,) = _U32.unpack_from(body, pos)
+    pos += _U32.size
+    if count * _MIN_EVENT > size - pos:
+        raise ProtocolError(f"SEND: {count} events announced but only {size - pos} bytes follow")
+    events: list[WireEvent] = []
+    for index in range(count):
+        if pos >= size:
+            raise ProtocolError(f"SEND: body ends before event {index} of {count}")
+        flags = body[pos]
+        pos += 1
+        if flags & ~_KNOWN_FLAGS:
+            raise ProtocolError(f"SEND: event {index} has unknown flag bits 0x{flags:02x}")
+        key: bytes | None = None
+        value: bytes | None = None
+        headers: HeaderList | None = None
+        if flags & _FLAG_KEY:
+            key, pos = _read_u32_bytes(body, pos, index, "key")
+        if flags & _FLAG_VALUE:
+            value, pos = _read_u32_bytes(body, pos, index, "value")
+        if flags & _FLAG_HEADERS:
+            headers, pos = _read_headers(body, pos, index)
+        events.append(WireEvent(value, key, headers))
+    if pos != size:
+        raise ProtocolError(f"SEND: {size - pos} trailing bytes after {count} events")
+    return SendRequest(topic, events)
+
+
+def _read_u32_bytes(body: bytes, pos: int, index: int, what: str) -> tuple[bytes, int]:
+    size = len(body)
+    if size - pos < _U32.size:
+        raise ProtocolError(f"SEND: event {index}: body ends inside the {what} length")
+    (length,) = _U32.unpack_from(body, pos)
+    pos += _U32.size
+    end = pos + length
+    if end > size:
+        raise ProtocolError(
+            f"SEND: event {index}: {what} of {length} bytes at offset {pos} overruns "
+            f"the body of {size} bytes"
+        )
+    return body[pos:end], end
+
+
+def _read_headers(body: bytes, pos: int, index: int) -> tuple[HeaderList, int]:
+    size = len(body)
+    if size - pos < _U16.size:
+        raise ProtocolError(f"SEND: event {index}: body ends inside the header count")
+    (count,) = _U16.unpack_from(body, pos)
+    pos += _U16.size
+    if count * _MIN_HEADER > size - pos:
+        raise ProtocolError(
+            f"SEND: event {index}: {count} headers announced but only {size - pos} bytes follow"
+        )
+    headers: HeaderList = []
+    for number in range(count):
+        where = f"SEND: event {index}: header {number}"
+        name, pos = _read_text(body, pos, f"{where} name")
+        if size - pos < _I32.size:
+            raise ProtocolError(f"{where}: body ends inside the value length")
+        (length,) = _I32.unpack_from(body, pos)
+        pos += _I32.size
+        if length == -1:
+            headers.append((name, None))
+            continue
+        end = pos + length
+        if length < 0 or end > size:
+            raise ProtocolError(
+                f"{where}: value length {length} at offset {pos} is invalid for a body "
+                f"of {size} bytes"
+            )
+        headers.append((name, body[pos:end]))
+        pos = end
+    return headers, pos
+
+
+def _read_text(body: bytes, pos: int, what: str) -> tuple[str, int]:
+    """A u16-length-prefixed UTF-8 string."""
+    size = len(body)
+    if size - pos < _U16.size:
+        raise ProtocolError(f"{what}: body ends inside the length at offset {pos}")
+    (length,) = _U16.unpack_from(body, pos)
+    pos += _U16.size
+    end = pos + length
+    if end > size:
+        raise ProtocolError(
+            f"{what}: {length} bytes at offset {pos} overrun the body of {size} bytes"
+        )
+    try:
+        text = body[pos:end].decode()
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"{what} is not valid UTF-8: {exc.reason}") from None
+    return text, end
+
+
+# ---- SEND_RESULT and ERROR -------------------------------------------------------------
+
+
+def encode_send_result(request_id: int, results: Sequence[EventResult]) -> bytes:
+    """A whole SEND_RESULT frame; over-long texts are cut, never refused."""
+    if len(results) > _MAX_U32:
+        raise ProtocolError(f"{len(results)} results; at most {_MAX_U32} fit in one frame")
+    parts = [b"", _U32.pack(len(results))]
+    for result in results:
+        raw = _encode_text(result.text)
+        parts.append(_STATUS_TEXT.pack(result.status, len(raw)))
+        parts.append(raw)
+    body_length = sum(len(part) for part in parts)
+    parts[0] = _frame_header(FrameType.SEND_RESULT, request_id, body_length)
+    return b"".join(parts)
+
+
+def decode_send_result(body: bytes) -> list[EventResult]:
+    """Parse a SEND_RESULT body; raises ProtocolError on anything malformed."""
+    size = len(body)
+    if size < _U32.size:
+        raise ProtocolError(f"SEND_RESULT: body of {size} bytes ends before the count")
+    (count,) = _U32.unpack_from(body, 0)
+    pos = _U32.size
+    if count * _MIN_RESULT > size - pos:
+        raise ProtocolError(
+            f"SEND_RESULT: {count} results announced but only {size - pos} bytes follow"
+        )
+    results: list[EventResult] = []
+    for index in range(count):
+        result, pos = _read_result(body, pos, f"SEND_RESULT: result {index}")
+        results.append(result)
+    if pos != size:
+        raise ProtocolError(f"SEND_RESULT: {size - pos} trailing bytes after {count} results")
+    return results
+
+
+def encode_error(request_id: int, status: Status, text: str) -> bytes:
+    """A whole ERROR frame; request id 0 when the failing request's id is unknown."""
+    raw = _encode_text(text)
+    body = _STATUS_TEXT.pack(status, len(raw)) + raw
+    return encode_frame(FrameType.ERROR, request_id, body)
+
+
+def decode_error(body: bytes) -> EventResult:
+    """Parse an ERROR body into its status and message."""
+    result, pos = _read_result(body, 0, "ERROR")
+    if pos != len(body):
+        raise ProtocolError(f"ERROR: {len(body) - pos} trailing bytes")
+    return result
+
+
+def _read_result(body: bytes, pos: int, what: str) -> tuple[EventResult, int]:
+    if len(body) - pos < _STATUS_TEXT.size:
+        raise ProtocolError(f"{what}: body ends inside the status at offset {pos}")
+    raw_status = body[pos]
+    status = _STATUSES.get(raw_status)
+    if status is None:
+        raise ProtocolError(f"{what}: unknown status {raw_status}")
+    text, pos = _read_text(body, pos + 1, f"{what} text")
+    return EventResult(status, text), pos
+
+
+def _encode_text(text: str) -> bytes:
+    """UTF-8, cut at a character boundary to fit a u16 length: error texts never fail."""
+    raw = text.encode("utf-8", "backslashreplace")
+    if len(raw) <= _MAX_TEXT:
+        return raw
+    end = _MAX_TEXT
+    while end > 0 and raw[end] & 0xC0 == 0x80:
+        end -= 1
+    return raw[:end]

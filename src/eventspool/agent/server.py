@@ -1,0 +1,243 @@
+"""The agent's unix-socket server: frames in, durable enqueue, per-event statuses out.
+
+Each connection is served by one task that reads, answers and only then reads on
+(`drain()` between rounds): a client that never reads its responses stalls itself, not
+the agent, and its memory is bounded by the socket buffers plus one frame. A frame
+that takes longer than `frame_timeout_s` to arrive (a slowloris) closes its connection.
+Sends run in a small thread pool, so an fsync or a blocking queue never stops the
+event loop, and are answered only after `Spool.send()` returned for every event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from eventspool.agent.http import HttpHandlers, looks_like_http, serve_http
+from eventspool.agent.protocol import (
+    DEFAULT_MAX_FRAME,
+    EventResult,
+    Frame,
+    FrameDecoder,
+    FrameType,
+    ProtocolError,
+    SendRequest,
+    Status,
+    decode_send,
+    encode_error,
+    encode_frame,
+    encode_send_result,
+)
+from eventspool.errors import (
+    EventTooLargeError,
+    InvalidEventError,
+    InvalidTopicError,
+    SpoolClosedError,
+    SpoolFullError,
+)
+from eventspool.metrics import render
+from eventspool.spool.api import Spool
+
+log = logging.getLogger(__name__)
+
+_READ_SIZE = 256 * 1024
+_SEND_THREADS = 4
+
+
+class AgentServer:
+    def __init__(
+        self,
+        spool: Spool,
+        socket_path: Path,
+        *,
+        socket_mode: int = 0o660,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        frame_timeout_s: float = 30.0,
+    ) -> None:
+        self.spool = spool
+        self.socket_path = socket_path
+        self.socket_mode = socket_mode
+        self.max_frame = max_frame
+        self.frame_timeout_s = frame_timeout_s
+        self._executor = ThreadPoolExecutor(_SEND_THREADS, thread_name_prefix="eventspool-send")
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.accepting = True
+        self.protocol_errors = 0
+        self._http = HttpHandlers(
+            send=self.send,
+            metrics=lambda: render(spool, lambda: {"protocol_errors": self.protocol_errors}),
+            health=self.health,
+        )
+
+    def stats(self) -> dict[str, object]:
+        """What STATS answers: every queue, the sender's counters, connectivity."""
+        sender = self.spool.sender
+        return {
+            "queues": [
+                {"topic": ref.topic, "partition": ref.partition, **asdict(ref.ring.stats())}
+                for ref in self.spool.queues()
+            ],
+            "sender": asdict(sender.counters) if sender else None,
+            "dead_letters": sender.dead_letters.count if sender else 0,
+            "broker_connected": sender.connected if sender else False,
+            "protocol_errors": self.protocol_errors,
+        }
+
+    async def start(self) -> None:
+        """Listen on the socket path; a stale socket file of a dead agent is replaced."""
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        self.socket_path.unlink(missing_ok=True)
+        old_umask = os.umask(0o777 & ~self.socket_mode)
+        try:
+            self._server = await asyncio.start_unix_server(
+                self._serve, path=str(self.socket_path), limit=_READ_SIZE
+            )
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.socket_path, self.socket_mode)
+
+    async def stop(self) -> None:
+        """Stop accepting connections, answer what is being processed, close the rest."""
+        self.accepting = False
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+        self.socket_path.unlink(missing_ok=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await self._serve_connection(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("connection failed; closing it")
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        first = await reader.read(_READ_SIZE)
+        if not first:
+            return
+        if looks_like_http(first):
+            await serve_http(
+                first,
+                reader,
+                writer,
+                self._http,
+                max_body=self.max_frame,
+                request_timeout_s=self.frame_timeout_s,
+            )
+        else:
+            await self._serve_frames(first, reader, writer)
+
+    async def _serve_frames(
+        self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        decoder = FrameDecoder(self.max_frame)
+        frame_started: float | None = None
+        data = first
+        while True:
+            try:
+                frames = decoder.feed(data)
+            except ProtocolError as exc:
+                self.protocol_errors += 1
+                writer.write(encode_error(0, Status.MALFORMED, str(exc)))
+                await writer.drain()
+                return
+            for frame in frames:
+                writer.write(await self._answer(frame))
+            if decoder.buffered:
+                if frame_started is None or frames:
+                    frame_started = time.monotonic()
+            else:
+                frame_started = None
+            await writer.drain()
+            timeout = None
+            if frame_started is not None:
+                timeout = frame_started + self.frame_timeout_s - time.monotonic()
+                if timeout <= 0:
+                    self.protocol_errors += 1
+                    return
+            try:
+                data = await asyncio.wait_for(reader.read(_READ_SIZE), timeout)
+            except TimeoutError:
+                self.protocol_errors += 1
+                return
+            if not data:
+                return
+
+    async def _answer(self, frame: Frame) -> bytes:
+        if frame.type is FrameType.PING:
+            return encode_frame(FrameType.PONG, frame.request_id, frame.body)
+        if frame.type is FrameType.STATS:
+            body = json.dumps(self.stats()).encode()
+            return encode_frame(FrameType.STATS_RESULT, frame.request_id, body)
+        if frame.type is not FrameType.SEND:
+            self.protocol_errors += 1
+            return encode_error(
+                frame.request_id, Status.MALFORMED, f"{frame.type.name} is not a request"
+            )
+        try:
+            request = decode_send(frame.body)
+        except ProtocolError as exc:
+            self.protocol_errors += 1
+            return encode_error(frame.request_id, Status.MALFORMED, str(exc))
+        return encode_send_result(frame.request_id, await self.send(request))
+
+    async def send(self, request: SendRequest) -> list[EventResult]:
+        """Spool a request's events off the event loop; shared by both interfaces."""
+        if not self.accepting:
+            return [EventResult(Status.SHUTTING_DOWN, "agent is shutting down")] * len(
+                request.events
+            )
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._send_all, request)
+
+    def health(self) -> dict[str, object]:
+        sender = self.spool.sender
+        return {
+            "status": "ok" if self.accepting else "stopping",
+            "broker_connected": bool(sender and sender.connected),
+        }
+
+    def _send_all(self, request: SendRequest) -> list[EventResult]:
+        """Spool every event of one request, each with its own status."""
+        results = []
+        for event in request.events:
+            try:
+                event_id = self.spool.send(request.topic, event.value, event.key, event.headers)
+            except InvalidTopicError as exc:
+                results.append(EventResult(Status.INVALID_TOPIC, str(exc)))
+            except EventTooLargeError as exc:
+                results.append(EventResult(Status.TOO_LARGE, str(exc)))
+            except InvalidEventError as exc:
+                results.append(EventResult(Status.MALFORMED, str(exc)))
+            except SpoolFullError as exc:
+                results.append(EventResult(Status.SPOOL_FULL, str(exc)))
+            except SpoolClosedError as exc:
+                results.append(EventResult(Status.SHUTTING_DOWN, str(exc)))
+            except Exception as exc:
+                log.exception("send to %r failed", request.topic)
+                results.append(EventResult(Status.INTERNAL, f"internal error: {exc}"))
+            else:
+                results.append(EventResult(Status.OK, event_id))
+        return results

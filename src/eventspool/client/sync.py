@@ -1,0 +1,223 @@
+"""The blocking client: `Client(socket).send(topic, value, key, headers) -> event_id`.
+
+Concurrent sends from several threads are batched: the first caller becomes the leader,
+writes every waiting event as pipelined SEND frames (one per topic), reads the answers
+and hands each caller its own result; the others just wait. One thread pays one round
+trip per call; many threads share them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+from eventspool.agent.protocol import (
+    EventResult,
+    FrameDecoder,
+    FrameType,
+    ProtocolError,
+    Status,
+    WireEvent,
+    decode_error,
+    decode_send_result,
+    encode_frame,
+    encode_send,
+)
+from eventspool.envelope import HeadersInput, normalize_headers
+from eventspool.errors import (
+    EventspoolError,
+    EventTooLargeError,
+    InvalidEventError,
+    InvalidTopicError,
+    SpoolClosedError,
+    SpoolFullError,
+)
+
+
+class AgentError(EventspoolError):
+    """The agent could not be reached, or failed in a way that is not the event's fault."""
+
+
+_ERRORS: Mapping[Status, type[EventspoolError]] = {
+    Status.SPOOL_FULL: SpoolFullError,
+    Status.INVALID_TOPIC: InvalidTopicError,
+    Status.TOO_LARGE: EventTooLargeError,
+    Status.MALFORMED: InvalidEventError,
+    Status.SHUTTING_DOWN: SpoolClosedError,
+    Status.INTERNAL: AgentError,
+}
+
+
+def raise_for(result: EventResult) -> str:
+    """The event id of an OK result; the matching exception otherwise."""
+    if result.status is Status.OK:
+        return result.text
+    raise _ERRORS.get(result.status, AgentError)(result.text)
+
+
+@dataclass(slots=True)
+class _Waiting:
+    topic: str
+    event: WireEvent
+    future: Future[str]
+
+
+class Client:
+    def __init__(
+        self,
+        socket_path: str | os.PathLike[str],
+        *,
+        timeout: float = 10.0,
+        max_batch: int = 1000,
+        reconnect_backoff_s: float = 0.05,
+    ) -> None:
+        self.socket_path = Path(socket_path)
+        self.timeout = timeout
+        self.max_batch = max_batch
+        self.reconnect_backoff_s = reconnect_backoff_s
+        self._sock: socket.socket | None = None
+        self._decoder = FrameDecoder()
+        self._lock = threading.Lock()
+        self._io = threading.Lock()
+        self._waiting: list[_Waiting] = []
+        self._request_id = 0
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | str | None = None,
+        headers: HeadersInput | None = None,
+    ) -> str:
+        """Hand one event to the agent; returns its event_id once the agent spooled it.
+
+        Raises what `Spool.send()` raises for the event itself, AgentError when the agent
+        cannot be reached within `timeout` (the event may or may not have been spooled
+        if the connection broke after it was written).
+        """
+        if value is not None and type(value) is not bytes:
+            raise InvalidEventError(f"value must be bytes or None, got {type(value).__name__}")
+        raw_key = key.encode() if isinstance(key, str) else key
+        waiting = _Waiting(topic, WireEvent(value, raw_key, normalize_headers(headers)), Future())
+        with self._lock:
+            self._waiting.append(waiting)
+        while not waiting.future.done():
+            if self._io.acquire(timeout=0.001):
+                try:
+                    self._flush_waiting()
+                finally:
+                    self._io.release()
+        return waiting.future.result()
+
+    def ping(self) -> float:
+        """Round-trip time to the agent in seconds."""
+        with self._io:
+            started = time.perf_counter()
+            request_id = self._next_id()
+            self._exchange([(request_id, encode_frame(FrameType.PING, request_id, b""), 0)])
+            return time.perf_counter() - started
+
+    def close(self) -> None:
+        with self._io:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _flush_waiting(self) -> None:
+        with self._lock:
+            batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch :]
+        if not batch:
+            return
+        by_topic: dict[str, list[_Waiting]] = {}
+        for item in batch:
+            by_topic.setdefault(item.topic, []).append(item)
+        requests = []
+        for topic, group in by_topic.items():
+            request_id = self._next_id()
+            frame = encode_send(request_id, topic, [w.event for w in group])
+            requests.append((request_id, frame, len(group)))
+        try:
+            answers = self._exchange(requests)
+        except AgentError as exc:
+            for item in batch:
+                item.future.set_exception(exc)
+            return
+        for (request_id, _, _), group in zip(requests, by_topic.values(), strict=True):
+            for item, result in zip(group, answers[request_id], strict=True):
+                try:
+                    item.future.set_result(raise_for(result))
+                except EventspoolError as exc:
+                    item.future.set_exception(exc)
+
+    def _next_id(self) -> int:
+        self._request_id = (self._request_id + 1) & 0xFFFFFFFF
+        return self._request_id
+
+    def _exchange(self, requests: Sequence[tuple[int, bytes, int]]) -> dict[int, list[EventResult]]:
+        """Write (request id, frame, event count) requests pipelined; read every answer."""
+        expected = {request_id: count for request_id, _, count in requests}
+        answers: dict[int, list[EventResult]] = {}
+        try:
+            sock = self._connect()
+            sock.sendall(b"".join(frame for _, frame, _ in requests))
+            while len(answers) < len(expected):
+                data = sock.recv(256 * 1024)
+                if not data:
+                    raise ConnectionError("the agent closed the connection")
+                for frame in self._decoder.feed(data):
+                    count = expected.get(frame.request_id)
+                    if count is None:
+                        if frame.type is FrameType.ERROR:
+                            refusal = decode_error(frame.body).text
+                            raise ConnectionError(f"the agent refused the request: {refusal}")
+                        continue
+                    if frame.type is FrameType.SEND_RESULT:
+                        answers[frame.request_id] = decode_send_result(frame.body)
+                    elif frame.type is FrameType.ERROR:
+                        answers[frame.request_id] = [decode_error(frame.body)] * count
+                    else:
+                        answers[frame.request_id] = []
+        except (OSError, ProtocolError) as exc:
+            self._drop_connection()
+            raise AgentError(f"agent at {self.socket_path}: {exc}") from exc
+        return answers
+
+    def _connect(self) -> socket.socket:
+        if self._sock is not None:
+            return self._sock
+        deadline = time.monotonic() + self.timeout
+        backoff = self.reconnect_backoff_s
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(str(self.socket_path))
+            except OSError as exc:
+                sock.close()
+                if time.monotonic() + backoff > deadline:
+                    raise ConnectionError(
+                        f"cannot connect to the agent at {self.socket_path}: {exc.strerror}"
+                    ) from exc
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            self._sock = sock
+            self._decoder = FrameDecoder()
+            return sock
+
+    def _drop_connection(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -1,0 +1,103 @@
+"""Prometheus metrics: read from the spool and the sender when scraped, never on the hot path.
+
+Only the fsync latency is observed as it happens (it is already a slow path); every
+other figure is derived from queue and sender state at scrape time, so `send()` pays
+nothing for being observable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from eventspool.spool.api import Spool
+
+PROCESS_REGISTRY = CollectorRegistry()
+FSYNC_SECONDS = Histogram(
+    "eventspool_fsync_seconds",
+    "Duration of one fdatasync of a queue file (shared by every writer waiting on it).",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0),
+    registry=PROCESS_REGISTRY,
+)
+
+
+class SpoolCollector(Collector):
+    def __init__(self, spool: Spool, extra: Callable[[], dict[str, float]] | None = None) -> None:
+        self._spool = spool
+        self._extra = extra or dict
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ["topic", "partition"]
+        depth = GaugeMetricFamily(
+            "eventspool_queue_depth", "Events not yet acknowledged.", labels=labels
+        )
+        size = GaugeMetricFamily(
+            "eventspool_queue_bytes", "Bytes held by unacknowledged events.", labels=labels
+        )
+        age = GaugeMetricFamily(
+            "eventspool_queue_oldest_unsent_seconds",
+            "Age of the oldest unacknowledged event.",
+            labels=labels,
+        )
+        enqueued = CounterMetricFamily(
+            "eventspool_events_enqueued",
+            "Events written to the queue over its file's life.",
+            labels=labels,
+        )
+        acked = CounterMetricFamily(
+            "eventspool_events_acknowledged",
+            "Events removed after the broker acknowledged them.",
+            labels=labels,
+        )
+        dropped = CounterMetricFamily(
+            "eventspool_events_dropped",
+            "Events lost on purpose, by reason.",
+            labels=[*labels, "reason"],
+        )
+        for ref in self._spool.queues():
+            stats = ref.ring.stats()
+            key = [ref.topic, "pending" if ref.partition is None else str(ref.partition)]
+            depth.add_metric(key, stats.depth)
+            size.add_metric(key, stats.bytes)
+            age.add_metric(key, (stats.oldest_age_ms or 0) / 1000)
+            enqueued.add_metric(key, stats.next_seq)
+            acked.add_metric(key, stats.head_seq - stats.dropped)
+            dropped.add_metric([*key, "drop_oldest"], stats.dropped)
+            dropped.add_metric([*key, "recovery_skipped"], stats.skipped_total)
+        yield from (depth, size, age, enqueued, acked, dropped)
+        sender = self._spool.sender
+        connected = GaugeMetricFamily(
+            "eventspool_broker_connected", "1 while a broker answers metadata."
+        )
+        connected.add_metric([], 1 if sender and sender.connected else 0)
+        yield connected
+        if sender is not None:
+            yield CounterMetricFamily(
+                "eventspool_dead_letters",
+                "Events moved to the dead-letter file.",
+                value=sender.dead_letters.count,
+            )
+            yield CounterMetricFamily(
+                "eventspool_broker_errors",
+                "Client-level errors reported by librdkafka.",
+                value=sender.counters.broker_errors,
+            )
+            yield CounterMetricFamily(
+                "eventspool_retried_batches",
+                "Queue rewinds after a transient delivery failure.",
+                value=sender.counters.retried_batches,
+            )
+        for name, value in self._extra().items():
+            yield CounterMetricFamily(f"eventspool_{name}", name.replace("_", " "), value=value)
+
+
+def render(spool: Spool, extra: Callable[[], dict[str, float]] | None = None) -> bytes:
+    """The Prometheus text exposition of `spool` plus the process-wide histograms."""
+    registry = CollectorRegistry()
+    registry.register(SpoolCollector(spool, extra))
+    return generate_latest(registry) + generate_latest(PROCESS_REGISTRY)

@@ -1,0 +1,286 @@
+"""The agent as a real process: socket, clients, errors, ownership, permissions."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventspool import EventTooLargeError, InvalidTopicError
+from eventspool.agent.protocol import FrameDecoder, FrameType, Status, decode_error
+from eventspool.broker import LocalBroker
+from eventspool.client.sync import AgentError, Client
+from eventspool.verify import consume_event_ids, ledger
+
+AgentFactory = Callable[..., "AgentProcess"]
+
+
+class AgentProcess:
+    """`eventspool agent` in its own process, with its socket and log."""
+
+    def __init__(
+        self, directory: Path, bootstrap: str, extra: str = "", socket_path: Path | None = None
+    ) -> None:
+        self.directory = directory
+        self.socket_path = socket_path or directory / "agent.sock"
+        self.config = directory / "agent.toml"
+        self.config.write_text(
+            f'[agent]\nspool_dir = "spool"\nsocket = "{self.socket_path}"\n{extra}\n'
+            f'[kafka]\nbootstrap_servers = "{bootstrap}"\n[spool]\nmax_event_bytes = 100000\n'
+        )
+        self.log = directory / "agent.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait: bool = True) -> subprocess.Popen[bytes]:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "eventspool", "agent", "--config", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        if wait:
+            deadline = time.monotonic() + 20
+            while not self.socket_path.exists():
+                assert self.process.poll() is None, self.log.read_text()
+                assert time.monotonic() < deadline, "agent did not start"
+                time.sleep(0.05)
+        return self.process
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@pytest.fixture
+def agent_factory(broker: LocalBroker, tmp_path: Path) -> Iterator[AgentFactory]:
+    started: list[AgentProcess] = []
+
+    def make(
+        extra: str = "", directory: Path | None = None, socket_path: Path | None = None
+    ) -> AgentProcess:
+        agent = AgentProcess(directory or tmp_path, broker.bootstrap_servers, extra, socket_path)
+        started.append(agent)
+        return agent
+
+    yield make
+    for agent in started:
+        agent.stop()
+
+
+def test_events_sent_through_the_agent_reach_kafka(
+    agent_factory: AgentFactory, broker: LocalBroker, topic_factory: Callable[[int], str]
+) -> None:
+    topic = topic_factory(3)
+    agent = agent_factory()
+    agent.start()
+    ids: list[str] = []
+    lock = threading.Lock()
+    with Client(agent.socket_path) as client:
+        assert client.ping() < 1.0
+
+        def produce(worker: int) -> None:
+            for i in range(300):
+                event_id = client.send(topic, b"payload %d" % i, key=f"user-{worker}-{i % 7}")
+                with lock:
+                    ids.append(event_id)
+
+        threads = [threading.Thread(target=produce, args=(w,)) for w in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(set(ids)) == 2400
+    seen = consume_event_ids(broker.bootstrap_servers, [topic], ids, timeout=60)
+    assert ledger(ids, seen).lost == 0
+
+
+def test_bad_events_get_their_own_status_and_others_pass(agent_factory: AgentFactory) -> None:
+    agent = agent_factory()
+    agent.start()
+    with Client(agent.socket_path) as client:
+        with pytest.raises(InvalidTopicError, match="contains"):
+            client.send("no spaces allowed", b"x")
+        with pytest.raises(EventTooLargeError, match="over the maximum"):
+            client.send("fine", b"x" * 200_000)
+        assert len(client.send("fine", b"still works")) == 36
+
+
+def test_a_malformed_frame_closes_only_that_connection(agent_factory: AgentFactory) -> None:
+    agent = agent_factory()
+    agent.start()
+    with Client(agent.socket_path) as healthy:
+        healthy.send("fine", b"before")
+        bad = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bad.connect(str(agent.socket_path))
+        bad.sendall(b"\xff\xff\xff\xff garbage that claims to be 4 GiB")
+        bad.settimeout(5)
+        reply = b""
+        while chunk := bad.recv(4096):
+            reply += chunk
+        frames = FrameDecoder().feed(reply)
+        assert [f.type for f in frames] == [FrameType.ERROR]
+        assert decode_error(frames[0].body).status is Status.MALFORMED
+        bad.close()
+        healthy.send("fine", b"after")
+    assert agent.process is not None
+    assert agent.process.poll() is None
+
+
+def test_a_second_agent_on_the_same_spool_exits_with_a_clear_message(
+    agent_factory: AgentFactory, tmp_path: Path
+) -> None:
+    first = agent_factory()
+    first.start()
+    second_dir = tmp_path / "second"
+    second_dir.mkdir()
+    second = agent_factory(directory=second_dir)
+    second.config.write_text(
+        first.config.read_text().replace('"spool"', f'"{tmp_path / "spool"}"', 1)
+    )
+    process = second.start(wait=False)
+    assert process.wait(30) != 0
+    output = second.log.read_text()
+    assert "another agent is running" in output
+    assert "already owned" in output
+
+
+def _connects_as_nobody(path: Path) -> bool:
+    """Whether an unprivileged user can connect to the socket at `path` (forks, needs root)."""
+    child = os.fork()
+    if child == 0:
+        code = 2
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(path))
+                code = 0
+            except PermissionError:
+                code = 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    assert code in (0, 1), f"probe failed with {code}"
+    return code == 0
+
+
+def test_socket_mode_is_as_configured_and_others_are_refused(agent_factory: AgentFactory) -> None:
+    shared = Path(tempfile.mkdtemp(prefix="eventspool-sock-"))
+    shared.chmod(0o755)
+    try:
+        agent = agent_factory('socket_mode = "0600"', socket_path=shared / "agent.sock")
+        agent.start()
+        assert stat.S_IMODE(agent.socket_path.stat().st_mode) == 0o600
+        if os.geteuid() != 0:
+            pytest.skip("needs root to connect as another user")
+        assert not _connects_as_nobody(agent.socket_path)
+        agent.socket_path.chmod(0o666)  # the control: the mode alone made the difference
+        assert _connects_as_nobody(agent.socket_path)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_client_reports_an_unreachable_agent(tmp_path: Path) -> None:
+    with (
+        Client(tmp_path / "nobody.sock", timeout=0.3) as client,
+        pytest.raises(AgentError, match="cannot connect"),
+    ):
+        client.send("topic", b"x")
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_the_readme_curl_example_works(
+    agent_factory: AgentFactory, broker: LocalBroker, topic_factory: Callable[[int], str]
+) -> None:
+    """The README's `curl --unix-socket` lines, run as written (socket path substituted)."""
+    topic = topic_factory(1)
+    agent = agent_factory()
+    agent.start()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    commands = [
+        line.strip()
+        for line in readme.splitlines()
+        if line.strip().startswith("curl --unix-socket")
+    ]
+    assert len(commands) >= 3, "the README lost its curl examples"
+    outputs = []
+    for written in commands:
+        command = written.replace("/run/eventspool/agent.sock", str(agent.socket_path))
+        command = command.replace("/v1/topics/orders", f"/v1/topics/{topic}")
+        done = subprocess.run(
+            command, shell=True, capture_output=True, text=True, timeout=30, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    sent = [
+        result["event_id"]
+        for output in outputs
+        if output.startswith("{") and '"results"' in output
+        for result in json.loads(output)["results"]
+    ]
+    assert len(sent) >= 2
+    assert ledger(sent, consume_event_ids(broker.bootstrap_servers, [topic], sent)).lost == 0
+    assert any("eventspool_queue_depth" in output for output in outputs)
+    assert any('"status": "ok"' in output for output in outputs)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_http_rejects_bad_bodies_with_clear_errors(agent_factory: AgentFactory) -> None:
+    agent = agent_factory()
+    agent.start()
+
+    def post(body: str) -> tuple[int, dict[str, Any]]:
+        done = subprocess.run(
+            [
+                "curl",
+                "-s",
+                "-o",
+                "-",
+                "-w",
+                "\\n%{http_code}",
+                "--unix-socket",
+                str(agent.socket_path),
+                "-X",
+                "POST",
+                "--data-binary",
+                body,
+                "http://agent/v1/topics/fine",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        text, code = done.stdout.rsplit("\n", 1)
+        return int(code), json.loads(text)
+
+    assert post("not json")[0] == 400
+    code, answer = post('{"value": "x", "colour": "red"}')
+    assert code == 400
+    assert "colour" in str(answer["error"])
+    code, answer = post('{"events": [{"value": "ok"}, {"value_b64": "!!"}]}')
+    assert code == 400
+    assert "base64" in str(answer["error"])
+    code, answer = post('{"events": [{"value": "a", "key": "k"}, {"value": null, "key": "k"}]}')
+    assert code == 200
+    assert [r["status"] for r in answer["results"]] == ["ok", "ok"]
