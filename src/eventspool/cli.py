@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -13,9 +14,10 @@ import click
 from eventspool.agent.config import ConfigError, load_agent_config
 from eventspool.agent.service import run
 from eventspool.broker.cli import broker
-from eventspool.client.sync import Client
+from eventspool.client.sync import AgentError, Client
 from eventspool.errors import EventspoolError, SpoolLockedError
 from eventspool.spool.inspect import QueueReport, SpoolReport, inspect_spool
+from eventspool.status import render_status
 
 
 @click.group()
@@ -127,8 +129,15 @@ def _human_bytes(count: int) -> str:
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     help="agent.toml; environment variables EVENTSPOOL_<SECTION>_<KEY> override it.",
 )
+@click.option(
+    "--adopt",
+    "adopted",
+    multiple=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Also drain this spool directory left behind by a dead producer (repeatable).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log at debug level.")
-def agent(config_path: Path | None, verbose: bool) -> None:
+def agent(config_path: Path | None, adopted: tuple[Path, ...], verbose: bool) -> None:
     """Run the agent: own a spool directory, ship it to Kafka, accept events on a socket."""
     try:
         config = load_agent_config(config_path)
@@ -139,9 +148,11 @@ def agent(config_path: Path | None, verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        run(config)
+        run(config, adopted)
     except SpoolLockedError as exc:
         raise click.ClickException(f"another agent is running: {exc}") from exc
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 @main.command()
@@ -192,6 +203,38 @@ def send(topic: str, socket_path: Path, json_lines: bool) -> None:
     click.echo(f"sent {sent}, failed {failed}", err=True)
     if failed:
         raise SystemExit(1)
+
+
+@main.command()
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="EVENTSPOOL_AGENT_SOCKET",
+    default=Path("spool") / "agent.sock",
+    show_default=True,
+    help="The agent's socket (env: EVENTSPOOL_AGENT_SOCKET).",
+)
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--once", is_flag=True, help="Print one table and exit (for scripts).")
+def status(socket_path: Path, interval: float, once: bool) -> None:
+    """A live table of the agent's queues: depth, oldest unsent age, rates, drops, dead letters."""
+    with Client(socket_path, timeout=5) as client:
+        try:
+            previous = client.stats()
+            if once:
+                click.echo(render_status(previous, previous, interval))
+                return
+            while True:
+                time.sleep(interval)
+                current = client.stats()
+                click.clear()
+                click.echo(render_status(previous, current, interval))
+                previous = current
+        except AgentError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except KeyboardInterrupt:
+            return
 
 
 main.add_command(broker)

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -32,10 +32,18 @@ class AgentProcess:
         self.log = directory / "agent.log"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, wait: bool = True) -> subprocess.Popen[bytes]:
+    def start(self, wait: bool = True, extra_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "eventspool", "agent", "--config", str(self.config)],
+                [
+                    sys.executable,
+                    "-m",
+                    "eventspool",
+                    "agent",
+                    "--config",
+                    str(self.config),
+                    *extra_args,
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

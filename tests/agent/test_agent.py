@@ -5,20 +5,34 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from eventspool import EventTooLargeError, InvalidTopicError
-from eventspool.agent.protocol import FrameDecoder, FrameType, Status, decode_error
-from eventspool.broker import LocalBroker
+from eventspool.agent.protocol import (
+    Frame,
+    FrameDecoder,
+    FrameType,
+    Status,
+    WireEvent,
+    decode_error,
+    decode_send_result,
+    encode_send,
+)
+from eventspool.broker import LocalBroker, find_free_port
+from eventspool.cli import main
 from eventspool.client.sync import AgentError, Client
 from eventspool.verify import consume_event_ids, ledger
 from tests.agent.conftest import AgentFactory
@@ -223,3 +237,78 @@ def test_http_rejects_bad_bodies_with_clear_errors(agent_factory: AgentFactory) 
     code, answer = post('{"events": [{"value": "a", "key": "k"}, {"value": null, "key": "k"}]}')
     assert code == 200
     assert [r["status"] for r in answer["results"]] == ["ok", "ok"]
+
+
+def test_status_shows_each_queue_and_the_broker(agent_factory: AgentFactory) -> None:
+    agent = agent_factory()
+    agent.start()
+    with Client(agent.socket_path) as client:
+        for i in range(50):
+            client.send("status-topic", b"x", key=f"k{i}")
+    result = CliRunner().invoke(main, ["status", "--socket", str(agent.socket_path), "--once"])
+    assert result.exit_code == 0, result.output
+    assert "status-topic/" in result.output
+    assert "DEPTH" in result.output
+    assert "broker: connected" in result.output
+
+
+def test_status_of_a_missing_agent_is_a_clear_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["status", "--socket", str(tmp_path / "x.sock"), "--once"])
+    assert result.exit_code != 0
+    assert "cannot connect" in result.output
+
+
+def test_adopt_drains_the_spool_of_a_killed_producer(
+    agent_factory: AgentFactory, broker: LocalBroker, tmp_path: Path
+) -> None:
+    orphan = tmp_path / "orphan"
+    script = (
+        "import os, signal, sys\n"
+        "from eventspool import Spool\n"
+        f"spool = Spool({str(orphan)!r})\n"
+        "ids = [spool.send('adopted-topic', b'left %d' % i, key=str(i)) for i in range(300)]\n"
+        "sys.stdout.write('\\n'.join(ids)); sys.stdout.flush()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == -signal.SIGKILL
+    ids = done.stdout.split()
+    assert len(ids) == 300
+    agent = agent_factory()
+    agent.start(extra_args=["--adopt", str(orphan)])
+    seen = consume_event_ids(broker.bootstrap_servers, ["adopted-topic"], ids, timeout=60)
+    assert ledger(ids, seen).lost == 0
+    deadline = time.monotonic() + 30
+    while "every event was delivered" not in agent.log.read_text():
+        assert time.monotonic() < deadline, agent.log.read_text()
+        time.sleep(0.1)
+
+
+def test_a_client_over_its_quota_is_delayed_not_refused(agent_factory: AgentFactory) -> None:
+    agent = agent_factory("[quotas]\nclient_bytes_per_s = 100000")
+    agent.start()
+    with Client(agent.socket_path) as client:
+        started = time.monotonic()
+        for _ in range(30):
+            client.send("quota-topic", b"q" * 10_000)
+        elapsed = time.monotonic() - started
+        stats = client.stats()
+    assert elapsed > 1.5, "300 kB at 100 kB/s over an 11 s window must be slowed down"
+    assert stats["throttle_seconds"] > 1.0
+
+
+def test_tcp_listener_when_configured(agent_factory: AgentFactory) -> None:
+    port = find_free_port()
+    agent = agent_factory(f'tcp_listen = "127.0.0.1:{port}"')
+    agent.start()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(encode_send(7, "tcp-topic", [WireEvent(b"over tcp")]))
+        decoder = FrameDecoder()
+        frames: list[Frame] = []
+        while not frames:
+            frames = decoder.feed(conn.recv(65536))
+    assert frames[0].request_id == 7
+    results = decode_send_result(frames[0].body)
+    assert results[0].ok

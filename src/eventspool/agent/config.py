@@ -65,6 +65,8 @@ class AgentConfig:
     max_frame_bytes: int = 16 * 1024 * 1024
     tcp_listen: str | None = None  # "host:port"; off unless configured
     http: bool = True  # HTTP/1.1 JSON interface on the same socket
+    frame_timeout_s: float = 30.0  # a frame or HTTP request slower than this closes its connection
+    shutdown_timeout_s: float = 10.0  # how long SIGTERM waits for in-flight acknowledgements
     quota_client_bytes_per_s: int | None = None
     quota_topic_bytes_per_s: Mapping[str, int] = field(default_factory=dict)
     spool: SpoolSettings = field(default_factory=SpoolSettings)
@@ -82,6 +84,8 @@ _AGENT_KEYS: dict[str, _Kind] = {
     "tcp_listen": "str",
     "allow_remote": "bool",
     "http": "bool",
+    "frame_timeout_s": "float",
+    "shutdown_timeout_s": "float",
 }
 
 
@@ -504,6 +508,11 @@ class _Loader:
             raise self.error(key, value, "must be positive")
         return value
 
+    def positive_float(self, key: str, value: float) -> float:
+        if value <= 0:
+            raise self.error(key, value, "must be positive")
+        return float(value)
+
     # -- assembly -------------------------------------------------------------------
 
     def build(self, sections: Mapping[str, Mapping[str, Any]]) -> AgentConfig:
@@ -550,6 +559,12 @@ class _Loader:
             if tcp is None
             else self.tcp_listen(tcp, agent.get("allow_remote", False)),
             http=agent.get("http", True),
+            frame_timeout_s=self.positive_float(
+                "agent.frame_timeout_s", agent.get("frame_timeout_s", 30.0)
+            ),
+            shutdown_timeout_s=self.positive_float(
+                "agent.shutdown_timeout_s", agent.get("shutdown_timeout_s", 10.0)
+            ),
             quota_client_bytes_per_s=(
                 None
                 if client_quota is None

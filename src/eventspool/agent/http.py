@@ -47,7 +47,7 @@ class BadRequestError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class HttpHandlers:
-    send: Callable[[SendRequest], Awaitable[list[EventResult]]]
+    send: Callable[[SendRequest], Awaitable[list[EventResult]]]  # bound to the connection's client
     metrics: Callable[[], bytes]
     health: Callable[[], dict[str, object]]
 

@@ -11,9 +11,12 @@ event loop, and are answered only after `Spool.send()` returned for every event.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
+import socket
+import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -34,6 +37,7 @@ from eventspool.agent.protocol import (
     encode_frame,
     encode_send_result,
 )
+from eventspool.agent.quotas import Quotas
 from eventspool.errors import (
     EventTooLargeError,
     InvalidEventError,
@@ -59,6 +63,8 @@ class AgentServer:
         socket_mode: int = 0o660,
         max_frame: int = DEFAULT_MAX_FRAME,
         frame_timeout_s: float = 30.0,
+        quotas: Quotas | None = None,
+        tcp_listen: tuple[str, int] | None = None,
     ) -> None:
         self.spool = spool
         self.socket_path = socket_path
@@ -66,15 +72,12 @@ class AgentServer:
         self.max_frame = max_frame
         self.frame_timeout_s = frame_timeout_s
         self._executor = ThreadPoolExecutor(_SEND_THREADS, thread_name_prefix="eventspool-send")
-        self._server: asyncio.AbstractServer | None = None
+        self.quotas = quotas or Quotas(None, {})
+        self.tcp_listen = tcp_listen
+        self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[asyncio.Task[None]] = set()
         self.accepting = True
         self.protocol_errors = 0
-        self._http = HttpHandlers(
-            send=self.send,
-            metrics=lambda: render(spool, lambda: {"protocol_errors": self.protocol_errors}),
-            health=self.health,
-        )
 
     def stats(self) -> dict[str, object]:
         """What STATS answers: every queue, the sender's counters, connectivity."""
@@ -88,6 +91,7 @@ class AgentServer:
             "dead_letters": sender.dead_letters.count if sender else 0,
             "broker_connected": sender.connected if sender else False,
             "protocol_errors": self.protocol_errors,
+            "throttle_seconds": self.quotas.counters.throttle_seconds,
         }
 
     async def start(self) -> None:
@@ -96,19 +100,25 @@ class AgentServer:
         self.socket_path.unlink(missing_ok=True)
         old_umask = os.umask(0o777 & ~self.socket_mode)
         try:
-            self._server = await asyncio.start_unix_server(
+            unix = await asyncio.start_unix_server(
                 self._serve, path=str(self.socket_path), limit=_READ_SIZE
             )
         finally:
             os.umask(old_umask)
         os.chmod(self.socket_path, self.socket_mode)
+        self._servers.append(unix)
+        if self.tcp_listen is not None:
+            host, port = self.tcp_listen
+            self._servers.append(
+                await asyncio.start_server(self._serve, host, port, limit=_READ_SIZE)
+            )
 
     async def stop(self) -> None:
         """Stop accepting connections, answer what is being processed, close the rest."""
         self.accepting = False
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        for server in self._servers:
+            server.close()
+            await server.wait_closed()
         for task in list(self._connections):
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
@@ -119,8 +129,9 @@ class AgentServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        client = _client_name(writer)
         try:
-            await self._serve_connection(reader, writer)
+            await self._serve_connection(reader, writer, client)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
@@ -129,28 +140,38 @@ class AgentServer:
             log.exception("connection failed; closing it")
         finally:
             self._connections.discard(task)
+            self.quotas.forget(client)
             writer.close()
 
     async def _serve_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str
     ) -> None:
         first = await reader.read(_READ_SIZE)
         if not first:
             return
         if looks_like_http(first):
+            handlers = HttpHandlers(
+                send=functools.partial(self.send, client=client),
+                metrics=self.metrics,
+                health=self.health,
+            )
             await serve_http(
                 first,
                 reader,
                 writer,
-                self._http,
+                handlers,
                 max_body=self.max_frame,
                 request_timeout_s=self.frame_timeout_s,
             )
         else:
-            await self._serve_frames(first, reader, writer)
+            await self._serve_frames(first, reader, writer, client)
 
     async def _serve_frames(
-        self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        first: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        client: str,
     ) -> None:
         decoder = FrameDecoder(self.max_frame)
         frame_started: float | None = None
@@ -164,7 +185,7 @@ class AgentServer:
                 await writer.drain()
                 return
             for frame in frames:
-                writer.write(await self._answer(frame))
+                writer.write(await self._answer(frame, client))
             if decoder.buffered:
                 if frame_started is None or frames:
                     frame_started = time.monotonic()
@@ -185,7 +206,7 @@ class AgentServer:
             if not data:
                 return
 
-    async def _answer(self, frame: Frame) -> bytes:
+    async def _answer(self, frame: Frame, client: str) -> bytes:
         if frame.type is FrameType.PING:
             return encode_frame(FrameType.PONG, frame.request_id, frame.body)
         if frame.type is FrameType.STATS:
@@ -201,16 +222,40 @@ class AgentServer:
         except ProtocolError as exc:
             self.protocol_errors += 1
             return encode_error(frame.request_id, Status.MALFORMED, str(exc))
-        return encode_send_result(frame.request_id, await self.send(request))
+        return encode_send_result(frame.request_id, await self.send(request, client))
 
-    async def send(self, request: SendRequest) -> list[EventResult]:
-        """Spool a request's events off the event loop; shared by both interfaces."""
+    async def send(self, request: SendRequest, client: str) -> list[EventResult]:
+        """Spool a request's events off the event loop; shared by both interfaces.
+
+        A client or topic over its quota gets its answer late, never a refusal.
+        """
         if not self.accepting:
             return [EventResult(Status.SHUTTING_DOWN, "agent is shutting down")] * len(
                 request.events
             )
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._send_all, request)
+        results = await loop.run_in_executor(self._executor, self._send_all, request)
+        if self.quotas.enabled:
+            size = sum(
+                len(event.value or b"") + len(event.key or b"")
+                for event, result in zip(request.events, results, strict=True)
+                if result.ok
+            )
+            delay = self.quotas.record(client, request.topic, size)
+            if delay > 0:
+                await asyncio.sleep(delay)
+        return results
+
+    def metrics(self) -> bytes:
+        counters = self.quotas.counters
+        return render(
+            self.spool,
+            lambda: {
+                "protocol_errors": self.protocol_errors,
+                "throttled_responses": counters.throttled_responses,
+                "throttle_seconds": counters.throttle_seconds,
+            },
+        )
 
     def health(self) -> dict[str, object]:
         sender = self.spool.sender
@@ -241,3 +286,16 @@ class AgentServer:
             else:
                 results.append(EventResult(Status.OK, event_id))
         return results
+
+
+_PEER_CREDENTIALS = struct.Struct("3i")
+
+
+def _client_name(writer: asyncio.StreamWriter) -> str:
+    """Who is on the other end, for quotas: the peer's pid on a unix socket, else its address."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None and sock.family == socket.AF_UNIX:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER_CREDENTIALS.size)
+        pid, uid, _ = _PEER_CREDENTIALS.unpack(raw)
+        return f"pid {pid} (uid {uid})"
+    return str(writer.get_extra_info("peername"))

@@ -10,20 +10,58 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
+from collections.abc import Sequence
+from pathlib import Path
 
-from eventspool.agent.config import AgentConfig
+from eventspool.agent.config import AgentConfig, ConfigError
+from eventspool.agent.quotas import Quotas
 from eventspool.agent.server import AgentServer
+from eventspool.errors import EventspoolError
 from eventspool.spool.api import Spool
 
 log = logging.getLogger(__name__)
 
+_ADOPT_PROGRESS_S = 5.0
 
-async def serve(config: AgentConfig, spool: Spool, shutdown_timeout_s: float = 10.0) -> None:
+
+def adopt(directory: Path, config: AgentConfig, stop: threading.Event) -> None:
+    """Drain the spool a dead in-process producer left behind, then let it go.
+
+    Takes the directory's lock like any owner, so a producer that is still alive is
+    never robbed: that is reported and nothing is touched.
+    """
+    try:
+        spool = Spool(
+            directory,
+            config.bootstrap_servers,
+            settings=config.spool,
+            sender_settings=config.sender,
+        )
+    except EventspoolError as exc:
+        log.error("cannot adopt %s: %s", directory, exc)
+        return
+    try:
+        remaining = spool.unacknowledged()
+        log.info("adopting %s: %d events to deliver", directory, remaining)
+        while remaining and not stop.is_set():
+            remaining = spool.flush(_ADOPT_PROGRESS_S)
+            log.info("adopting %s: %d events left", directory, remaining)
+    finally:
+        spool.close(config.shutdown_timeout_s)
+    if not remaining:
+        log.info("adopted %s: every event was delivered", directory)
+
+
+async def serve(config: AgentConfig, spool: Spool, adopted: Sequence[Path] = ()) -> None:
     server = AgentServer(
         spool,
         config.socket_path,
         socket_mode=config.socket_mode,
         max_frame=config.max_frame_bytes,
+        frame_timeout_s=config.frame_timeout_s,
+        quotas=Quotas(config.quota_client_bytes_per_s, config.quota_topic_bytes_per_s),
+        tcp_listen=_host_port(config.tcp_listen) if config.tcp_listen else None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -31,16 +69,31 @@ async def serve(config: AgentConfig, spool: Spool, shutdown_timeout_s: float = 1
         loop.add_signal_handler(signum, stop.set)
     await server.start()
     log.info("agent listening on %s", config.socket_path)
+    stop_adopting = threading.Event()
+    adopters = [
+        threading.Thread(target=adopt, args=(d, config, stop_adopting), name=f"adopt {d}")
+        for d in adopted
+    ]
+    for thread in adopters:
+        thread.start()
     try:
         await stop.wait()
     finally:
         log.info("agent stopping")
+        stop_adopting.set()
         await server.stop()
-        await loop.run_in_executor(None, spool.close, shutdown_timeout_s)
+        for thread in adopters:
+            await loop.run_in_executor(None, thread.join)
+        await loop.run_in_executor(None, spool.close, config.shutdown_timeout_s)
 
 
-def run(config: AgentConfig) -> None:
-    """Run the agent until a signal; raises SpoolLockedError if another agent owns the spool."""
+def run(config: AgentConfig, adopted: Sequence[Path] = ()) -> None:
+    """Run the agent until a signal; raises SpoolLockedError if another agent owns the spool.
+
+    `adopted`: spool directories of dead producers to drain alongside.
+    """
+    if adopted and not config.bootstrap_servers:
+        raise ConfigError("--adopt needs kafka.bootstrap_servers: there is nowhere to send to")
     spool = Spool(
         config.spool_dir,
         config.bootstrap_servers,
@@ -48,6 +101,11 @@ def run(config: AgentConfig) -> None:
         sender_settings=config.sender,
     )
     try:
-        asyncio.run(serve(config, spool))
+        asyncio.run(serve(config, spool, adopted))
     finally:
         spool.close()
+
+
+def _host_port(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)

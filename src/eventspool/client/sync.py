@@ -8,6 +8,7 @@ trip per call; many threads share them.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from eventspool.agent.protocol import (
     EventResult,
@@ -87,6 +89,7 @@ class Client:
         self._io = threading.Lock()
         self._waiting: list[_Waiting] = []
         self._request_id = 0
+        self._last_stats: dict[str, Any] = {}
 
     def send(
         self,
@@ -122,6 +125,13 @@ class Client:
             request_id = self._next_id()
             self._exchange([(request_id, encode_frame(FrameType.PING, request_id, b""), 0)])
             return time.perf_counter() - started
+
+    def stats(self) -> dict[str, Any]:
+        """The agent's STATS answer: queues, sender counters, connectivity."""
+        with self._io:
+            request_id = self._next_id()
+            self._exchange([(request_id, encode_frame(FrameType.STATS, request_id, b""), 0)])
+            return self._last_stats
 
     def close(self) -> None:
         with self._io:
@@ -185,6 +195,9 @@ class Client:
                         continue
                     if frame.type is FrameType.SEND_RESULT:
                         answers[frame.request_id] = decode_send_result(frame.body)
+                    elif frame.type is FrameType.STATS_RESULT:
+                        self._last_stats = json.loads(frame.body)
+                        answers[frame.request_id] = []
                     elif frame.type is FrameType.ERROR:
                         answers[frame.request_id] = [decode_error(frame.body)] * count
                     else:

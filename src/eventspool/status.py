@@ -1,0 +1,41 @@
+"""The `eventspool status` table, from two STATS answers taken `interval` seconds apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_COLUMNS = ("QUEUE", "DEPTH", "OLDEST", "IN/S", "OUT/S", "DROPPED", "SKIPPED")
+
+
+def render_status(before: dict[str, Any], after: dict[str, Any], interval: float) -> str:
+    earlier = {(q["topic"], q["partition"]): q for q in before.get("queues", [])}
+    rows: list[tuple[str, ...]] = [_COLUMNS]
+    for queue in sorted(after.get("queues", []), key=lambda q: (q["topic"], str(q["partition"]))):
+        old = earlier.get((queue["topic"], queue["partition"]), queue)
+        sent_in = (queue["next_seq"] - old["next_seq"]) / interval
+        acked_out = (queue["head_seq"] - old["head_seq"]) / interval
+        partition = "pending" if queue["partition"] is None else queue["partition"]
+        age = queue["oldest_age_ms"]
+        rows.append(
+            (
+                f"{queue['topic']}/{partition}",
+                str(queue["depth"]),
+                "-" if age is None else f"{age / 1000:.1f}s",
+                f"{sent_in:.0f}",
+                f"{acked_out:.0f}",
+                str(queue["dropped"]),
+                str(queue["skipped_total"]),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    table = "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
+    )
+    sender = after.get("sender") or {}
+    broker = "connected" if after.get("broker_connected") else "NOT CONNECTED"
+    summary = (
+        f"broker: {broker}   dead letters: {after.get('dead_letters', 0)}   "
+        f"delivered: {sender.get('delivered', 0)}   retried batches: "
+        f"{sender.get('retried_batches', 0)}   last error: {sender.get('last_error') or '-'}"
+    )
+    return f"{summary}\n{table}" if len(rows) > 1 else f"{summary}\nno queues yet"
