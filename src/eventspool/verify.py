@@ -36,7 +36,8 @@ def consume_event_ids(
 ) -> Counter[str]:
     """Count each `event_id` header found in `topics`, until every expected id is seen.
 
-    Stops at `timeout` too, so a loss shows up as missing ids rather than a hang.
+    Waits for topics that do not exist yet (created on first use). Stops at `timeout`
+    too, so a loss shows up as missing ids rather than a hang.
     """
     consumer = Consumer(
         {
@@ -48,8 +49,12 @@ def consume_event_ids(
     )
     seen: Counter[str] = Counter()
     missing = set(expected)
+    deadline = time.monotonic() + timeout
     try:
         metadata = consumer.list_topics(timeout=10)
+        while not all(t in metadata.topics for t in topics) and time.monotonic() < deadline:
+            time.sleep(0.2)  # a topic created on first use may not exist yet
+            metadata = consumer.list_topics(timeout=10)
         assignment = [
             TopicPartition(topic, partition, OFFSET_BEGINNING)
             for topic in topics
@@ -57,7 +62,6 @@ def consume_event_ids(
             for partition in metadata.topics[topic].partitions
         ]
         consumer.assign(assignment)
-        deadline = time.monotonic() + timeout
         while missing and time.monotonic() < deadline:
             for message in consumer.consume(10_000, 0.5):
                 if message.error():
