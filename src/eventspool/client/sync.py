@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from eventspool.agent.protocol import (
+    DEFAULT_MAX_FRAME,
     EventResult,
     FrameDecoder,
     FrameType,
@@ -31,7 +32,8 @@ from eventspool.agent.protocol import (
     encode_frame,
     encode_send,
 )
-from eventspool.envelope import HeadersInput, normalize_headers
+from eventspool.client.common import wire_event, wire_size
+from eventspool.envelope import HeadersInput
 from eventspool.errors import (
     EventspoolError,
     EventTooLargeError,
@@ -40,6 +42,8 @@ from eventspool.errors import (
     SpoolClosedError,
     SpoolFullError,
 )
+
+_SEND_OVERHEAD = 9 + 2 + 4  # frame header, topic length, event count
 
 
 class AgentError(EventspoolError):
@@ -78,8 +82,10 @@ class Client:
         timeout: float = 10.0,
         max_batch: int = 1000,
         reconnect_backoff_s: float = 0.05,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME,
     ) -> None:
         self.socket_path = Path(socket_path)
+        self.max_frame_bytes = max_frame_bytes
         self.timeout = timeout
         self.max_batch = max_batch
         self.reconnect_backoff_s = reconnect_backoff_s
@@ -104,10 +110,7 @@ class Client:
         cannot be reached within `timeout` (the event may or may not have been spooled
         if the connection broke after it was written).
         """
-        if value is not None and type(value) is not bytes:
-            raise InvalidEventError(f"value must be bytes or None, got {type(value).__name__}")
-        raw_key = key.encode() if isinstance(key, str) else key
-        waiting = _Waiting(topic, WireEvent(value, raw_key, normalize_headers(headers)), Future())
+        waiting = _Waiting(topic, wire_event(topic, value, key, headers), Future())
         with self._lock:
             self._waiting.append(waiting)
         while not waiting.future.done():
@@ -150,29 +153,53 @@ class Client:
             batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch :]
         if not batch:
             return
+        try:
+            chunks = self._chunks(batch)
+            requests = []
+            for chunk in chunks:
+                request_id = self._next_id()
+                frame = encode_send(request_id, chunk[0].topic, [w.event for w in chunk])
+                requests.append((request_id, frame, len(chunk)))
+            answers = self._exchange(requests)
+            for (request_id, _, _), chunk in zip(requests, chunks, strict=True):
+                results = answers[request_id]
+                if len(results) != len(chunk):
+                    raise AgentError(f"the agent answered {len(results)} of {len(chunk)} events")
+                for item, result in zip(chunk, results, strict=True):
+                    try:
+                        item.future.set_result(raise_for(result))
+                    except EventspoolError as exc:
+                        item.future.set_exception(exc)
+        except Exception as exc:
+            # Never leave a caller waiting: whatever failed, every open future learns it.
+            error = exc if isinstance(exc, AgentError) else AgentError(str(exc))
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(error)
+
+    def _chunks(self, batch: list[_Waiting]) -> list[list[_Waiting]]:
+        """One SEND per topic, split so that no frame exceeds the agent's maximum."""
         by_topic: dict[str, list[_Waiting]] = {}
         for item in batch:
             by_topic.setdefault(item.topic, []).append(item)
-        requests = []
+        chunks: list[list[_Waiting]] = []
+        budget = self.max_frame_bytes - _SEND_OVERHEAD
         for topic, group in by_topic.items():
-            request_id = self._next_id()
-            frame = encode_send(request_id, topic, [w.event for w in group])
-            requests.append((request_id, frame, len(group)))
-        try:
-            answers = self._exchange(requests)
-        except AgentError as exc:
-            for item in batch:
-                item.future.set_exception(exc)
-            return
-        for (request_id, _, _), group in zip(requests, by_topic.values(), strict=True):
-            for item, result in zip(group, answers[request_id], strict=True):
-                try:
-                    item.future.set_result(raise_for(result))
-                except EventspoolError as exc:
-                    item.future.set_exception(exc)
+            chunk: list[_Waiting] = []
+            size = len(topic.encode())
+            for item in group:
+                item_size = wire_size(item.event)
+                if chunk and size + item_size > budget:
+                    chunks.append(chunk)
+                    chunk, size = [], len(topic.encode())
+                chunk.append(item)
+                size += item_size
+            chunks.append(chunk)
+        return chunks
 
     def _next_id(self) -> int:
-        self._request_id = (self._request_id + 1) & 0xFFFFFFFF
+        """Request ids wrap around but skip 0, the id of connection-level errors."""
+        self._request_id = self._request_id % 0xFFFFFFFF + 1
         return self._request_id
 
     def _exchange(self, requests: Sequence[tuple[int, bytes, int]]) -> dict[int, list[EventResult]]:

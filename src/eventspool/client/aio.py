@@ -1,0 +1,476 @@
+"""The asyncio client: `await AsyncClient(socket).send(topic, value, key, headers) -> event_id`.
+
+The same contract as the blocking `Client`, for code that lives on an event loop. A send
+only queues its event; one writer task turns everything queued (up to `max_batch`
+events) into pipelined SEND frames, one per topic, and one reader task hands each
+answer to the sends waiting for it. Sends issued while the writer is busy (or within
+`linger_s` of the first one) travel together in the next batch, and the writer does not
+wait for answers before writing again, so several batches may be in flight at once.
+
+A broken connection fails the sends already written with AgentError (their outcome is
+unknown: the agent may have spooled them before it died); the sends not yet written
+stay queued and go out on the next connection, reconnecting with backoff. Every call
+gives up after `timeout` seconds with AgentError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from eventspool.agent.protocol import (
+    DEFAULT_MAX_FRAME,
+    Frame,
+    FrameDecoder,
+    FrameType,
+    ProtocolError,
+    WireEvent,
+    decode_error,
+    decode_send_result,
+    encode_frame,
+    encode_send,
+)
+from eventspool.client.common import wire_event, wire_size
+from eventspool.client.sync import AgentError, raise_for
+from eventspool.envelope import HeadersInput
+from eventspool.errors import EventspoolError, InvalidEventError
+
+__all__ = ["AgentError", "AsyncClient"]
+
+_T = TypeVar("_T")
+
+_READ_SIZE = 256 * 1024
+_MAX_BACKOFF_S = 1.0
+_MAX_REQUEST_ID = 0xFFFF_FFFF
+# What a SEND frame's length field counts besides its topic and events: frame type (1),
+# request id (4), topic length (2), event count (4).
+_SEND_OVERHEAD = 1 + 4 + 2 + 4
+
+
+@dataclass(slots=True, eq=False)
+class _Send:
+    """One event waiting to be written, then waiting for its answer."""
+
+    topic: str
+    event: WireEvent
+    size: int
+    future: asyncio.Future[str]
+    written: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Control:
+    """A PING or STATS: its own frame, queued behind the sends like any request."""
+
+    type: FrameType
+    answer: FrameType
+    future: asyncio.Future[bytes]
+    written: bool = False
+
+
+_Item = _Send | _Control
+_Request = list[_Send] | _Control
+
+
+class _Connection:
+    """One stream to the agent and the requests written on it that await an answer."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_frame: int
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.decoder = FrameDecoder(max_frame)
+        self.in_flight: dict[int, _Request] = {}
+        self.closed = False
+        self.answered = False
+        self.read_task: asyncio.Task[None] | None = None
+
+
+def _resolve(future: asyncio.Future[_T], result: _T) -> None:
+    """Complete a future unless its caller already gave up on it (timeout, cancellation)."""
+    if not future.done():
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    """Fail a future unless its caller already gave up on it (timeout, cancellation)."""
+    if not future.done():
+        future.set_exception(error)
+
+
+class AsyncClient:
+    """A connection to the local agent shared by every coroutine of one event loop.
+
+    `frames_sent` counts the SEND frames written and `batches_sent` the writes that
+    carried them, so a caller can see how well concurrent sends were combined.
+    """
+
+    #: The largest frame written; the agent's `max_frame_bytes` must be at least this.
+    #: A batch is split into several SEND frames to stay below it.
+    max_frame_bytes: int = DEFAULT_MAX_FRAME
+
+    def __init__(
+        self,
+        socket_path: str | os.PathLike[str],
+        *,
+        timeout: float = 10.0,
+        max_batch: int = 1000,
+        linger_s: float = 0.0,
+        reconnect_backoff_s: float = 0.05,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout={timeout}: must be positive")
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch}: must be at least 1")
+        if linger_s < 0:
+            raise ValueError(f"linger_s={linger_s}: must not be negative")
+        if reconnect_backoff_s <= 0:
+            raise ValueError(f"reconnect_backoff_s={reconnect_backoff_s}: must be positive")
+        self.socket_path = Path(socket_path)
+        self.timeout = timeout
+        self.max_batch = max_batch
+        self.linger_s = linger_s
+        self.reconnect_backoff_s = reconnect_backoff_s
+        self.frames_sent = 0
+        self.batches_sent = 0
+        self._pending: deque[_Item] = deque()
+        self._wake = asyncio.Event()
+        self._connection: _Connection | None = None
+        self._writer_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._request_id = 0
+        self._connect_error: str | None = None
+        # Seconds to wait before the next connect: 0 until a connection fails to work.
+        self._backoff = 0.0
+        self._closed = False
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | str | None = None,
+        headers: HeadersInput | None = None,
+    ) -> str:
+        """Hand one event to the agent; returns its event_id once the agent spooled it.
+
+        Raises what `Spool.send()` raises for the event itself, AgentError when the agent
+        cannot be reached within `timeout` (the event may or may not have been spooled
+        if the connection broke after it was written).
+        """
+        event = wire_event(topic, value, key, headers)
+        future: asyncio.Future[str] = self._running_loop().create_future()
+        return await self._submit(_Send(topic, event, wire_size(event), future), future)
+
+    async def ping(self) -> float:
+        """Round-trip time to the agent in seconds, queued behind the sends already issued."""
+        started = time.perf_counter()
+        await self._control(FrameType.PING, FrameType.PONG)
+        return time.perf_counter() - started
+
+    async def stats(self) -> dict[str, Any]:
+        """The agent's STATS answer: its queues, the sender's counters, connectivity."""
+        body = await self._control(FrameType.STATS, FrameType.STATS_RESULT)
+        try:
+            stats = json.loads(body)
+        except ValueError as exc:
+            raise AgentError(f"agent at {self.socket_path}: STATS is not JSON: {exc}") from None
+        if not isinstance(stats, dict):
+            raise AgentError(f"agent at {self.socket_path}: STATS is not a JSON object")
+        return stats
+
+    async def close(self) -> None:
+        """Let the calls already issued finish (within their timeout), then disconnect.
+
+        Calls issued after close() raise AgentError.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop is None:
+            return
+        waiting: set[asyncio.Future[Any]] = {item.future for item in self._pending}
+        if self._connection is not None:
+            for request in self._connection.in_flight.values():
+                items = [request] if isinstance(request, _Control) else request
+                waiting.update(item.future for item in items)
+        waiting = {future for future in waiting if not future.done()}
+        if waiting:
+            await asyncio.wait(waiting, timeout=self.timeout)
+        if self._writer_task is not None:
+            self._writer_task.cancel()
+            await asyncio.gather(self._writer_task, return_exceptions=True)
+        for item in self._pending:
+            _fail(item.future, AgentError(f"agent at {self.socket_path}: the client was closed"))
+        self._pending.clear()
+        connection = self._connection
+        if connection is not None:
+            self._drop(connection, "the client was closed")
+            if connection.read_task is not None:
+                await asyncio.gather(connection.read_task, return_exceptions=True)
+            with contextlib.suppress(OSError):  # already broken: closed is all that was asked
+                await connection.writer.wait_closed()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ---- callers' side -------------------------------------------------------------
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this client is bound to; its writer task starts with the first call."""
+        if self._closed:
+            raise AgentError(f"agent at {self.socket_path}: the client is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise RuntimeError("an AsyncClient is bound to the event loop it was first used in")
+        if self._writer_task is None or self._writer_task.done():
+            self._writer_task = loop.create_task(self._write_forever(), name="eventspool-writer")
+        return loop
+
+    async def _control(self, frame_type: FrameType, answer: FrameType) -> bytes:
+        future: asyncio.Future[bytes] = self._running_loop().create_future()
+        return await self._submit(_Control(frame_type, answer, future), future)
+
+    async def _submit(self, item: _Item, future: asyncio.Future[_T]) -> _T:
+        """Queue a request and wait for its answer; a timeout cancels `future`.
+
+        A cancelled future is skipped by the writer and by the reader, so a request that
+        timed out before it was written is never written.
+        """
+        self._pending.append(item)
+        self._wake.set()
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await future
+        except TimeoutError:
+            raise AgentError(self._timeout_message(item)) from None
+
+    def _timeout_message(self, item: _Item) -> str:
+        where = f"agent at {self.socket_path}"
+        if item.written:
+            return (
+                f"{where}: no answer within {self.timeout} s; the outcome is unknown: "
+                f"the request may or may not have been processed"
+            )
+        if self._connect_error is not None:
+            return f"{where}: {self._connect_error} (gave up after {self.timeout} s)"
+        return f"{where}: the request could not be written within {self.timeout} s"
+
+    # ---- the writer task -------------------------------------------------------------
+
+    async def _write_forever(self) -> None:
+        """Write whatever is queued; connect when needed, with backoff while it fails."""
+        idle = True
+        while True:
+            while self._pending and self._pending[0].future.done():
+                self._pending.popleft()
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                idle = True
+                continue
+            if idle and self.linger_s > 0:
+                await asyncio.sleep(self.linger_s)  # the first send waits for company
+            idle = False
+            connection = self._connection
+            if connection is None:
+                if self._backoff > 0:
+                    await asyncio.sleep(self._backoff)
+                try:
+                    connection = await self._connect()
+                except OSError as exc:
+                    reason = exc.strerror or str(exc) or type(exc).__name__
+                    self._connect_error = f"cannot connect to the agent: {reason}"
+                    self._back_off()
+                    continue
+                self._connect_error = None
+            await self._write_batch(connection)
+
+    def _back_off(self) -> None:
+        """Wait longer before each new attempt, up to a second, while the agent stays away."""
+        self._backoff = min(max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S)
+
+    async def _connect(self) -> _Connection:
+        async with asyncio.timeout(self.timeout):
+            reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=_READ_SIZE)
+        connection = _Connection(reader, writer, max(self.max_frame_bytes, DEFAULT_MAX_FRAME))
+        connection.read_task = asyncio.get_running_loop().create_task(
+            self._read_forever(connection), name="eventspool-reader"
+        )
+        self._connection = connection
+        return connection
+
+    async def _write_batch(self, connection: _Connection) -> None:
+        """Write up to `max_batch` queued requests as one pipelined write."""
+        if connection.closed:
+            return
+        batch: list[_Item] = []
+        while self._pending and len(batch) < self.max_batch:
+            item = self._pending.popleft()
+            if not item.future.done():
+                batch.append(item)
+        frames = self._encode(batch, connection)
+        if not frames:
+            return
+        self.batches_sent += 1
+        try:
+            connection.writer.write(b"".join(frames))
+            await connection.writer.drain()
+        except OSError as exc:
+            self._drop(connection, f"writing failed: {exc}")
+
+    def _encode(self, batch: list[_Item], connection: _Connection) -> list[bytes]:
+        """Frames for a batch, each registered as in flight on `connection`."""
+        frames: list[bytes] = []
+        by_topic: dict[str, list[_Send]] = {}
+        for item in batch:
+            if isinstance(item, _Send):
+                by_topic.setdefault(item.topic, []).append(item)
+                continue
+            request_id = self._next_id()
+            frames.append(encode_frame(item.type, request_id, b""))
+            connection.in_flight[request_id] = item
+            item.written = True
+        for topic, group in by_topic.items():
+            for chunk in self._chunks(topic, group):
+                request_id = self._next_id()
+                try:
+                    frame = encode_send(request_id, topic, [send.event for send in chunk])
+                except ProtocolError as exc:  # only sizes no frame can carry get here
+                    for send in chunk:
+                        _fail(send.future, InvalidEventError(str(exc)))
+                    continue
+                frames.append(frame)
+                connection.in_flight[request_id] = chunk
+                for send in chunk:
+                    send.written = True
+                self.frames_sent += 1
+        return frames
+
+    def _chunks(self, topic: str, group: list[_Send]) -> list[list[_Send]]:
+        """Split one topic's sends so that no frame exceeds `max_frame_bytes`.
+
+        An event larger than that goes alone in its frame, for the agent to judge.
+        """
+        overhead = _SEND_OVERHEAD + len(topic)  # validated: ASCII, one byte a character
+        chunks: list[list[_Send]] = []
+        chunk: list[_Send] = []
+        size = overhead
+        for send in group:
+            if chunk and size + send.size > self.max_frame_bytes:
+                chunks.append(chunk)
+                chunk, size = [], overhead
+            chunk.append(send)
+            size += send.size
+        if chunk:
+            chunks.append(chunk)
+        return chunks
+
+    def _next_id(self) -> int:
+        """1 .. 2**32-1: id 0 is how the agent reports an error with no request to name."""
+        self._request_id = self._request_id % _MAX_REQUEST_ID + 1
+        return self._request_id
+
+    # ---- the reader task -------------------------------------------------------------
+
+    async def _read_forever(self, connection: _Connection) -> None:
+        """Hand each answer to its request until the connection ends, then fail the rest."""
+        reason = "the agent closed the connection"
+        try:
+            while True:
+                data = await connection.reader.read(_READ_SIZE)
+                if not data:
+                    break
+                for frame in connection.decoder.feed(data):
+                    self._answer(connection, frame)
+        except (OSError, ProtocolError) as exc:
+            reason = str(exc) or type(exc).__name__
+        self._drop(connection, reason)
+
+    def _answer(self, connection: _Connection, frame: Frame) -> None:
+        """Settle the request `frame` answers; ProtocolError means the stream is lost.
+
+        The request leaves `in_flight` only once its answer was understood, so a garbled
+        answer fails it with the rest of the connection instead of losing it.
+        """
+        request = connection.in_flight.get(frame.request_id)
+        if request is None:
+            if frame.type is FrameType.ERROR:
+                refusal = decode_error(frame.body).text
+                raise ProtocolError(f"the agent refused the request: {refusal}")
+            return  # an answer to nothing asked on this connection: nobody waits for it
+        if isinstance(request, _Control):
+            self._answer_control(request, frame)
+        else:
+            self._answer_send(request, frame)
+        del connection.in_flight[frame.request_id]
+        connection.answered = True
+
+    def _answer_control(self, control: _Control, frame: Frame) -> None:
+        if frame.type is control.answer:
+            _resolve(control.future, frame.body)
+        elif frame.type is FrameType.ERROR:
+            text = decode_error(frame.body).text
+            _fail(control.future, AgentError(f"agent at {self.socket_path}: {text}"))
+        else:
+            raise ProtocolError(f"a {frame.type.name} frame answered {control.type.name}")
+
+    def _answer_send(self, chunk: list[_Send], frame: Frame) -> None:
+        if frame.type is FrameType.SEND_RESULT:
+            results = decode_send_result(frame.body)
+            if len(results) != len(chunk):
+                raise ProtocolError(
+                    f"SEND_RESULT has {len(results)} results for a SEND of {len(chunk)} events"
+                )
+        elif frame.type is FrameType.ERROR:
+            results = [decode_error(frame.body)] * len(chunk)
+        else:
+            raise ProtocolError(f"a {frame.type.name} frame answered a SEND")
+        for send, result in zip(chunk, results, strict=True):
+            if send.future.done():
+                continue
+            try:
+                send.future.set_result(raise_for(result))
+            except EventspoolError as exc:
+                send.future.set_exception(exc)
+
+    def _drop(self, connection: _Connection, reason: str) -> None:
+        """Close `connection`; what was written on it has an unknown outcome."""
+        if connection.closed:
+            return
+        connection.closed = True
+        if self._connection is connection:
+            self._connection = None
+        if connection.answered:
+            self._backoff = 0.0  # it worked: the next connection is tried at once
+        else:
+            self._back_off()  # an agent that accepts and hangs up must not be hammered
+        # abort, not close: close would wait to flush what a frozen agent never reads.
+        connection.writer.transport.abort()
+        requests = list(connection.in_flight.values())
+        connection.in_flight.clear()
+        lost = (
+            f"agent at {self.socket_path}: the connection broke after the request was "
+            f"written ({reason}); the outcome is unknown: it may or may not have been processed"
+        )
+        for request in requests:
+            for item in [request] if isinstance(request, _Control) else request:
+                _fail(item.future, AgentError(lost))
