@@ -27,7 +27,13 @@ from typing import Any
 
 import h11
 
-from eventspool.agent.protocol import EventResult, SendRequest, Status, WireEvent
+from eventspool.agent.protocol import (
+    MAX_EVENTS_PER_SEND,
+    EventResult,
+    SendRequest,
+    Status,
+    WireEvent,
+)
 
 _READ_SIZE = 64 * 1024
 _HTTP_STATUS = {
@@ -140,13 +146,15 @@ async def _route(
 def _parse_events(body: bytes) -> list[WireEvent]:
     try:
         document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequestError(f"body is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise BadRequestError(f"body is not JSON this agent accepts: {exc}") from None
     items = document.get("events") if isinstance(document, dict) and "events" in document else None
     if items is None:
         items = [document]
     if not isinstance(items, list) or not items:
         raise BadRequestError('"events" must be a non-empty list of event objects')
+    if len(items) > MAX_EVENTS_PER_SEND:
+        raise BadRequestError(f"{len(items)} events; at most {MAX_EVENTS_PER_SEND} per request")
     return [_parse_event(item, index) for index, item in enumerate(items)]
 
 
@@ -165,7 +173,7 @@ def _parse_event(item: Any, index: int) -> WireEvent:
         ):
             raise BadRequestError(f"event {index}: headers must be an object of strings")
         return WireEvent(
-            value, key, [(k, None if v is None else v.encode()) for k, v in headers.items()]
+            value, key, [(k, None if v is None else _utf8(v, index)) for k, v in headers.items()]
         )
     return WireEvent(value, key)
 
@@ -185,7 +193,16 @@ def _bytes_field(item: dict[str, Any], name: str, index: int) -> bytes | None:
         return None
     if not isinstance(text, str):
         raise BadRequestError(f"event {index}: {name} must be a string (or use {name}_b64)")
-    return text.encode()
+    return _utf8(text, index)
+
+
+def _utf8(text: str, index: int) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        raise BadRequestError(
+            f"event {index}: text with a lone surrogate cannot be UTF-8; use the _b64 form"
+        ) from None
 
 
 def _json(status: int, document: dict[str, object]) -> tuple[int, bytes, bytes]:

@@ -32,7 +32,8 @@ SEND_RESULT body (type 0x81), one result per event of the SEND, in order::
 
 PING (2) carries any body; PONG (0x82) echoes it. STATS (3) has an empty body;
 STATS_RESULT (0x83) carries a UTF-8 JSON object. ERROR (0xFF) reports a request that
-could not be parsed at all, after which the agent closes the connection::
+could not be parsed: with request id 0 when the framing itself broke (the agent then
+closes the connection), else with the request's id (the connection stays open)::
 
     1     status (Status)
     2     text length
@@ -54,6 +55,10 @@ from eventspool.envelope import HeaderList
 from eventspool.errors import EventspoolError
 
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+# Each event costs the agent a few hundred bytes of bookkeeping, whatever its size: capping
+# the count keeps a frame of tiny events (tombstones are one byte) from costing far more
+# memory than the frame itself.
+MAX_EVENTS_PER_SEND = 10_000
 FRAME_HEADER = struct.Struct(">IBI")
 HEADER_SIZE = FRAME_HEADER.size
 _LENGTH = struct.Struct(">I")
@@ -325,6 +330,10 @@ def decode_send(body: bytes) -> SendRequest:
         raise ProtocolError(f"SEND: body of {size} bytes ends before the event count")
     (count,) = _U32.unpack_from(body, pos)
     pos += _U32.size
+    if count > MAX_EVENTS_PER_SEND:
+        raise ProtocolError(
+            f"SEND: {count} events in one request; at most {MAX_EVENTS_PER_SEND} are accepted"
+        )
     if count * _MIN_EVENT > size - pos:
         raise ProtocolError(f"SEND: {count} events announced but only {size - pos} bytes follow")
     events: list[WireEvent] = []

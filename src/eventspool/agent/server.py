@@ -38,6 +38,7 @@ from eventspool.agent.protocol import (
     encode_send_result,
 )
 from eventspool.agent.quotas import Quotas
+from eventspool.config import Durability, FullPolicy
 from eventspool.errors import (
     EventTooLargeError,
     InvalidEventError,
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 
 _READ_SIZE = 256 * 1024
 _SEND_THREADS = 4
+_INLINE_MAX_EVENTS = 64
 
 
 class AgentServer:
@@ -146,7 +148,10 @@ class AgentServer:
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str
     ) -> None:
-        first = await reader.read(_READ_SIZE)
+        try:
+            first = await asyncio.wait_for(reader.read(_READ_SIZE), self.frame_timeout_s)
+        except TimeoutError:
+            return  # a connection that never says anything only holds a descriptor
         if not first:
             return
         if looks_like_http(first):
@@ -233,8 +238,11 @@ class AgentServer:
             return [EventResult(Status.SHUTTING_DOWN, "agent is shutting down")] * len(
                 request.events
             )
-        loop = asyncio.get_running_loop()
-        results = await loop.run_in_executor(self._executor, self._send_all, request)
+        if self._may_send_inline(request):
+            results = self._send_all(request)
+        else:
+            loop = asyncio.get_running_loop()
+            results = await loop.run_in_executor(self._executor, self._send_all, request)
         if self.quotas.enabled:
             size = sum(
                 len(event.value or b"") + len(event.key or b"")
@@ -245,6 +253,17 @@ class AgentServer:
             if delay > 0:
                 await asyncio.sleep(delay)
         return results
+
+    def _may_send_inline(self, request: SendRequest) -> bool:
+        """Small requests to queues that never wait are spooled on the event loop itself.
+
+        Handing them to a thread costs far more than the few microseconds `send()` takes;
+        fsync durability and the block policy wait, so they keep the thread pool.
+        """
+        if len(request.events) > _INLINE_MAX_EVENTS:
+            return False
+        queue = self.spool.settings.for_topic(request.topic)
+        return queue.durability is Durability.PROCESS and queue.full_policy is not FullPolicy.BLOCK
 
     def metrics(self) -> bytes:
         counters = self.quotas.counters

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from eventspool.agent.protocol import (
     DEFAULT_MAX_FRAME,
+    MAX_EVENTS_PER_SEND,
     Frame,
     FrameDecoder,
     FrameType,
@@ -366,7 +367,7 @@ class AsyncClient:
         return frames
 
     def _chunks(self, topic: str, group: list[_Send]) -> list[list[_Send]]:
-        """Split one topic's sends so that no frame exceeds `max_frame_bytes`.
+        """Split one topic's sends so no frame exceeds `max_frame_bytes` or the event cap.
 
         An event larger than that goes alone in its frame, for the agent to judge.
         """
@@ -375,7 +376,9 @@ class AsyncClient:
         chunk: list[_Send] = []
         size = overhead
         for send in group:
-            if chunk and size + send.size > self.max_frame_bytes:
+            if chunk and (
+                size + send.size > self.max_frame_bytes or len(chunk) >= MAX_EVENTS_PER_SEND
+            ):
                 chunks.append(chunk)
                 chunk, size = [], overhead
             chunk.append(send)

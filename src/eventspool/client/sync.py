@@ -21,6 +21,7 @@ from typing import Any
 
 from eventspool.agent.protocol import (
     DEFAULT_MAX_FRAME,
+    MAX_EVENTS_PER_SEND,
     EventResult,
     FrameDecoder,
     FrameType,
@@ -116,7 +117,8 @@ class Client:
         while not waiting.future.done():
             if self._io.acquire(timeout=0.001):
                 try:
-                    self._flush_waiting()
+                    if not waiting.future.done():
+                        self._flush_waiting()
                 finally:
                     self._io.release()
         return waiting.future.result()
@@ -189,7 +191,7 @@ class Client:
             size = len(topic.encode())
             for item in group:
                 item_size = wire_size(item.event)
-                if chunk and size + item_size > budget:
+                if chunk and (size + item_size > budget or len(chunk) >= MAX_EVENTS_PER_SEND):
                     chunks.append(chunk)
                     chunk, size = [], len(topic.encode())
                 chunk.append(item)

@@ -1,0 +1,665 @@
+"""Events/s and round trip through the agent's unix socket, against in-process `Spool.send()`.
+
+What one run measures (each figure is the median over the repetitions):
+
+1. ours: events/s from one batching client. `Client` has no batch call, only `send()`,
+   and batches concurrent calls: `CLIENT_THREADS` threads share one `Client`, each
+   sending in a loop for a fixed time. Rate = events acknowledged / wall time.
+2. The same from `PROCESSES` client processes at once, each one `Client` shared by
+   `CLIENT_THREADS` threads (this script run with ``--child``; started once, before
+   the first pass, each connected and waiting for the signal to go).
+3. Single-event round trip: one thread, sequential `send()` calls on its own `Client`,
+   `perf_counter_ns` around every call; p50/p99/p99.9.
+4. The anchor: `Spool.send()` in this process, one thread, on a spool of its own with
+   the agent's defaults (durability `process`, 32 MiB rings) and no sender, emptied with
+   read_batch + ack between passes, out of the timed region.
+
+Every event is keyless with the same 100-byte value, to a topic of `PARTITIONS`
+partitions created up front. The agent is `eventspool agent` as its own process with a
+generated agent.toml; its sender ships to a tansu broker started here, concurrently with
+the passes, as in production. Between passes the bench waits until the agent's STATS
+show no unacknowledged event, so every pass starts with an idle sender. The agent's CPU
+time per event (from /proc, all its threads) is reported for each pass: with this
+machine's few cores, clients, agent and broker compete for them.
+
+Goals from the issue, reported and not asserted: >= 200k events/s from one batching
+client, round-trip p50 < 100 us.
+
+The LAST line on stdout is one JSON object; progress and a table go to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import IO, Any
+
+from _common import (
+    BenchArgs,
+    elapsed_s,
+    emit_result,
+    filesystem_type,
+    latency_summary_us,
+    load_average_1m,
+    machine,
+    median,
+    parse_args,
+    print_table,
+    progress,
+    safe_ratio,
+)
+from eventspool.broker import LocalBroker, create_topic
+from eventspool.client.sync import AgentError, Client
+from eventspool.config import MIB, QueueSettings, SpoolSettings
+from eventspool.envelope import FIXED_SIZE
+from eventspool.errors import EventspoolError
+from eventspool.spool.api import Spool
+from eventspool.spool.ring import frame_size
+
+FIGURE = "uds_rate_one_batching_client"
+TOPIC = "bench-uds"
+PARTITIONS = 4
+PAYLOAD_BYTES = 100
+CLIENT_THREADS = 16
+PROCESSES = 8
+CAPACITY_BYTES = 32 * MIB  # the default ring capacity, of the agent and of the anchor
+GOAL_RATE = 200_000
+GOAL_RTT_P50_US = 100.0
+CHILD_FLAG = "--child"
+_START_TIMEOUT_S = 30.0
+
+SendFn = Callable[[str, bytes], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """How long to measure: passes are timed, so their size follows whatever rate we get."""
+
+    pass_seconds: float
+    warmup_seconds: float
+    rtt_samples: int
+    rtt_warmup: int
+    drain_timeout_s: float
+
+
+QUICK = Profile(
+    pass_seconds=1.0, warmup_seconds=0.5, rtt_samples=2_000, rtt_warmup=200, drain_timeout_s=60
+)
+FULL = Profile(
+    pass_seconds=3.0, warmup_seconds=1.0, rtt_samples=20_000, rtt_warmup=1_000, drain_timeout_s=120
+)
+
+
+def payload() -> bytes:
+    """The same 100 bytes in every process, so every pass sends the same events."""
+    return random.Random(20240601).randbytes(PAYLOAD_BYTES)
+
+
+# ---- timed passes ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RatePass:
+    """One timed pass: monotonic (system-wide) times, so passes of processes combine."""
+
+    events: int
+    errors: int
+    first_error: str | None
+    start_ns: int
+    end_ns: int
+    cpu_s: float
+
+    @property
+    def rate(self) -> float:
+        seconds = (self.end_ns - self.start_ns) / 1e9
+        return self.events / seconds if seconds > 0 else 0.0
+
+
+def timed_rate(
+    send: SendFn, value: bytes, threads: int, seconds: float, max_events: int | None = None
+) -> RatePass:
+    """`threads` threads call `send(TOPIC, value)` until `seconds` are up (or `max_events`).
+
+    The threads are released together by a barrier; the pass ends when the last one
+    stopped, so a call in progress at the deadline is counted and timed. An error is
+    counted, not raised: a refused event must not stop the pass, and shows in the result.
+    """
+    barrier = threading.Barrier(threads + 1)
+    stop = threading.Event()
+    counts = [0] * threads
+    errors = [0] * threads
+    ends = [0] * threads
+    first_error: list[str] = []
+    limit = max_events // threads if max_events is not None else None
+
+    def worker(slot: int) -> None:
+        call = send
+        topic = TOPIC
+        done = stop.is_set
+        sent = failed = 0
+        barrier.wait()
+        while not done() and (limit is None or sent < limit):
+            try:
+                call(topic, value)
+            except EventspoolError as exc:
+                failed += 1
+                if not first_error:
+                    first_error.append(f"{type(exc).__name__}: {exc}")
+            else:
+                sent += 1
+        ends[slot] = time.monotonic_ns()
+        counts[slot] = sent
+        errors[slot] = failed
+
+    workers = [threading.Thread(target=worker, args=(slot,)) for slot in range(threads)]
+    for thread in workers:
+        thread.start()
+    cpu_before = time.process_time()
+    barrier.wait()
+    start_ns = time.monotonic_ns()
+    stop.wait(seconds)
+    stop.set()
+    for thread in workers:
+        thread.join()
+    return RatePass(
+        events=sum(counts),
+        errors=sum(errors),
+        first_error=first_error[0] if first_error else None,
+        start_ns=start_ns,
+        end_ns=max(ends),
+        cpu_s=time.process_time() - cpu_before,
+    )
+
+
+def round_trips(client: Client, value: bytes, samples: int, warmup: int) -> list[int]:
+    """Nanoseconds of each of `samples` sequential sends, after `warmup` untimed ones."""
+    send = client.send
+    topic = TOPIC
+    clock = time.perf_counter_ns
+    for _ in range(warmup):
+        send(topic, value)
+    out = [0] * samples
+    for i in range(samples):
+        t0 = clock()
+        send(topic, value)
+        out[i] = clock() - t0
+    return out
+
+
+# ---- client processes -------------------------------------------------------------------
+
+
+def child_main(argv: Sequence[str]) -> int:
+    """``--child SOCKET THREADS``: connect, say "ready", then run a pass per "run SECONDS"."""
+    socket_path, threads = argv[0], int(argv[1])
+    value = payload()
+    with Client(socket_path) as client:
+        client.ping()
+        print("ready", flush=True)
+        for line in sys.stdin:
+            command = line.split()
+            if not command or command[0] != "run":
+                break
+            result = timed_rate(client.send, value, threads, float(command[1]))
+            print(
+                json.dumps(
+                    {
+                        "events": result.events,
+                        "errors": result.errors,
+                        "first_error": result.first_error,
+                        "start_ns": result.start_ns,
+                        "end_ns": result.end_ns,
+                        "cpu_s": result.cpu_s,
+                    }
+                ),
+                flush=True,
+            )
+    return 0
+
+
+class ClientProcesses:
+    """`count` client processes, each connected to the agent and waiting for "run"."""
+
+    def __init__(self, socket_path: Path, count: int, threads: int) -> None:
+        self._processes: list[subprocess.Popen[str]] = []
+        for _ in range(count):
+            self._processes.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, CHILD_FLAG, os.fspath(socket_path), str(threads)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for process in self._processes:
+            if self._stdout(process).readline().strip() != "ready":
+                raise RuntimeError(f"client process {process.pid} did not become ready")
+
+    @staticmethod
+    def _stdin(process: subprocess.Popen[str]) -> IO[str]:
+        assert process.stdin is not None
+        return process.stdin
+
+    @staticmethod
+    def _stdout(process: subprocess.Popen[str]) -> IO[str]:
+        assert process.stdout is not None
+        return process.stdout
+
+    def run(self, seconds: float) -> list[RatePass]:
+        """One pass in every process at once; their results, in process order."""
+        for process in self._processes:
+            stdin = self._stdin(process)
+            stdin.write(f"run {seconds}\n")
+            stdin.flush()
+        results = []
+        for process in self._processes:
+            line = self._stdout(process).readline()
+            if not line:
+                raise RuntimeError(f"client process {process.pid} exited mid-pass")
+            results.append(RatePass(**json.loads(line)))
+        return results
+
+    def close(self) -> None:
+        for process in self._processes:
+            if process.poll() is None and process.stdin is not None:
+                with contextlib.suppress(BrokenPipeError):
+                    process.stdin.close()
+        for process in self._processes:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def combine(passes: Sequence[RatePass]) -> RatePass:
+    """Passes that ran at once, as one: all events over the union of their windows."""
+    errors = [p.first_error for p in passes if p.first_error]
+    return RatePass(
+        events=sum(p.events for p in passes),
+        errors=sum(p.errors for p in passes),
+        first_error=errors[0] if errors else None,
+        start_ns=min(p.start_ns for p in passes),
+        end_ns=max(p.end_ns for p in passes),
+        cpu_s=sum(p.cpu_s for p in passes),
+    )
+
+
+# ---- the agent --------------------------------------------------------------------------
+
+
+class Agent:
+    """`eventspool agent` as its own process, on a generated agent.toml."""
+
+    def __init__(self, directory: Path, bootstrap: str) -> None:
+        self.socket_path = directory / "agent.sock"
+        self.config = directory / "agent.toml"
+        self.log = directory / "agent.log"
+        self.config.write_text(
+            "[agent]\n"
+            f"spool_dir = {json.dumps(os.fspath(directory / 'agent-spool'))}\n"
+            f"socket = {json.dumps(os.fspath(self.socket_path))}\n"
+            "[kafka]\n"
+            f"bootstrap_servers = {json.dumps(bootstrap)}\n"
+        )
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "eventspool", "agent", "--config", str(self.config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the agent did not start:\n{self.log_tail()}")
+            try:
+                with Client(self.socket_path, timeout=0.2) as probe:
+                    probe.ping()
+                return
+            except AgentError:
+                time.sleep(0.05)
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of every thread of the agent so far (Linux /proc)."""
+        raw = Path(f"/proc/{self.process.pid}/stat").read_text()
+        fields = raw.rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stats(self) -> dict[str, Any]:
+        """The agent's STATS answer, over a connection of its own."""
+        with Client(self.socket_path) as probe:
+            return probe.stats()
+
+    def wait_drained(self, timeout: float) -> float:
+        """Until no event is unacknowledged by the broker; returns the seconds waited."""
+        started = time.monotonic()
+        while True:
+            depth = sum(int(queue["depth"]) for queue in self.stats()["queues"])
+            if depth == 0:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise RuntimeError(f"the agent still holds {depth} events after {timeout} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+# ---- the anchor ---------------------------------------------------------------------------
+
+
+def anchor_max_events() -> int:
+    """A pass must fit in the anchor's rings without a drainer: half the total capacity."""
+    return PARTITIONS * CAPACITY_BYTES // (2 * frame_size(FIXED_SIZE + PAYLOAD_BYTES))
+
+
+def drain(spool: Spool) -> int:
+    """Read and acknowledge everything in every ring of the anchor spool; the record count."""
+    drained = 0
+    for ref in spool.queues():
+        ring = ref.ring
+        while batch := ring.read_batch(max_records=10_000, max_bytes=64 * MIB):
+            ring.ack(batch[-1].seq)
+            drained += len(batch)
+    return drained
+
+
+def anchor_pass(spool: Spool, value: bytes, seconds: float) -> RatePass:
+    result = timed_rate(spool.send, value, 1, seconds, anchor_max_events())
+    drained = drain(spool)
+    if drained != result.events:
+        raise RuntimeError(f"sent {result.events} events but drained {drained}")
+    return result
+
+
+# ---- main -------------------------------------------------------------------------------
+
+
+class Runs:
+    """Per-repetition values by figure name; each figure is reported as their median."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = {}
+
+    def add(self, name: str, value: float) -> None:
+        self.values.setdefault(name, []).append(value)
+
+    def medians(self) -> dict[str, float]:
+        return {name: median(values) for name, values in self.values.items()}
+
+
+def add_pass(runs: Runs, name: str, result: RatePass, agent_cpu_s: float | None) -> None:
+    """The pass's rate, errors and CPU per event (agent's, and the clients')."""
+    if result.errors:
+        progress(f"{name}: {result.errors} sends failed, first: {result.first_error}")
+    runs.add(f"{name}_rate", result.rate)
+    runs.add(f"{name}_errors", result.errors)
+    events = max(1, result.events)
+    runs.add(f"{name}_client_cpu_us_per_event", result.cpu_s * 1e6 / events)
+    if agent_cpu_s is not None:
+        runs.add(f"{name}_agent_cpu_us_per_event", agent_cpu_s * 1e6 / events)
+
+
+def run(args: BenchArgs) -> dict[str, object]:
+    profile = QUICK if args.quick else FULL
+    value = payload()
+    runs = Runs()
+    facts: dict[str, object] = {"load_average_1m_start": load_average_1m()}
+    parent = args.scratch_parent
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="eventspool-uds-", dir=parent))
+    fs_type = filesystem_type(scratch)
+    progress(
+        f"profile {'quick' if args.quick else 'full'}: {args.repeats} repetitions, passes of "
+        f"{profile.pass_seconds}s, {profile.rtt_samples} round trips; scratch on {fs_type}"
+    )
+    anchor_settings = SpoolSettings(queue=QueueSettings(capacity_bytes=CAPACITY_BYTES))
+    try:
+        with LocalBroker(scratch / "broker") as broker:
+            create_topic(broker.bootstrap_servers, TOPIC, PARTITIONS)
+            agent = Agent(scratch, broker.bootstrap_servers)
+            processes: ClientProcesses | None = None
+            anchor = Spool(scratch / "anchor-spool", settings=anchor_settings)
+            try:
+                anchor.set_partition_count(TOPIC, PARTITIONS)
+                progress(f"broker, agent (pid {agent.process.pid}) and anchor spool ready")
+                processes = ClientProcesses(agent.socket_path, PROCESSES, CLIENT_THREADS)
+                progress(f"{PROCESSES} client processes connected")
+                measure(
+                    agent,
+                    processes,
+                    anchor,
+                    value=value,
+                    profile=profile,
+                    repeats=args.repeats,
+                    runs=runs,
+                    facts=facts,
+                )
+            except BaseException:
+                progress(f"agent log:\n{agent.log_tail()}")
+                raise
+            finally:
+                if processes is not None:
+                    processes.close()
+                anchor.close()
+                agent.stop()
+    finally:
+        if args.keep:
+            progress(f"scratch directory kept: {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    facts["load_average_1m_end"] = load_average_1m()
+    return build_result(args, profile, runs, facts, fs_type)
+
+
+def measure(
+    agent: Agent,
+    processes: ClientProcesses,
+    anchor: Spool,
+    *,
+    value: bytes,
+    profile: Profile,
+    repeats: int,
+    runs: Runs,
+    facts: dict[str, object],
+) -> None:
+    """Warm every path once, then each repetition runs every pass, in the same order."""
+    drains: list[float] = []
+    with Client(agent.socket_path) as batching, Client(agent.socket_path) as single:
+        warm = timed_rate(batching.send, value, CLIENT_THREADS, profile.warmup_seconds)
+        warm_processes = combine(processes.run(profile.warmup_seconds))
+        anchor_pass(anchor, value, profile.warmup_seconds)
+        drains.append(agent.wait_drained(profile.drain_timeout_s))
+        progress(
+            f"warm-up: one client {warm.rate:,.0f}/s, {PROCESSES} processes "
+            f"{warm_processes.rate:,.0f}/s"
+        )
+        for rep in range(repeats):
+            cpu = agent.cpu_s()
+            one = timed_rate(batching.send, value, CLIENT_THREADS, profile.pass_seconds)
+            add_pass(runs, "one_client", one, agent.cpu_s() - cpu)
+            drains.append(agent.wait_drained(profile.drain_timeout_s))
+
+            cpu = agent.cpu_s()
+            many = combine(processes.run(profile.pass_seconds))
+            add_pass(runs, "processes", many, agent.cpu_s() - cpu)
+            drains.append(agent.wait_drained(profile.drain_timeout_s))
+
+            cpu = agent.cpu_s()
+            samples = round_trips(single, value, profile.rtt_samples, profile.rtt_warmup)
+            agent_cpu = agent.cpu_s() - cpu
+            summary = latency_summary_us(samples)
+            for stat in ("p50_us", "p99_us", "p999_us", "max_us"):
+                runs.add(f"rtt_{stat}", summary[stat])
+            runs.add(
+                "rtt_agent_cpu_us_per_event",
+                agent_cpu * 1e6 / (profile.rtt_samples + profile.rtt_warmup),
+            )
+            drains.append(agent.wait_drained(profile.drain_timeout_s))
+
+            spool = anchor_pass(anchor, value, profile.pass_seconds)
+            add_pass(runs, "anchor", spool, None)
+            progress(
+                f"rep {rep + 1}/{repeats}: one client {one.rate:,.0f}/s, {PROCESSES} processes "
+                f"{many.rate:,.0f}/s, round trip p50 {summary['p50_us']:.0f} us "
+                f"p99 {summary['p99_us']:.0f} us, Spool.send() {spool.rate:,.0f}/s"
+            )
+    facts["drain_wait_s_max"] = round(max(drains), 3)
+    stats = agent.stats()
+    facts["agent_sender"] = stats["sender"]
+    facts["agent_protocol_errors"] = stats["protocol_errors"]
+
+
+def build_result(
+    args: BenchArgs, profile: Profile, runs: Runs, facts: dict[str, object], fs_type: str
+) -> dict[str, object]:
+    figures = runs.medians()
+    ours = figures["one_client_rate"]
+    anchor = figures["anchor_rate"]
+    result: dict[str, object] = {
+        "figure": FIGURE,
+        "ours": round(ours),
+        "anchor": round(anchor),
+        "ratio": safe_ratio(ours, anchor),
+        "unit": "events/s",
+        "rate_8_processes": round(figures["processes_rate"]),
+        "rtt_p50_us": figures["rtt_p50_us"],
+        "rtt_p99_us": figures["rtt_p99_us"],
+        "rtt_p999_us": figures["rtt_p999_us"],
+        "payload_bytes": PAYLOAD_BYTES,
+        "goals": {
+            "rate_one_batching_client": GOAL_RATE,
+            "rate_met": ours >= GOAL_RATE,
+            "rtt_p50_us": GOAL_RTT_P50_US,
+            "rtt_p50_met": figures["rtt_p50_us"] < GOAL_RTT_P50_US,
+        },
+        "cpu_us_per_event": {
+            "agent_one_client": round(figures["one_client_agent_cpu_us_per_event"], 2),
+            "client_one_client": round(figures["one_client_client_cpu_us_per_event"], 2),
+            "agent_8_processes": round(figures["processes_agent_cpu_us_per_event"], 2),
+            "clients_8_processes": round(figures["processes_client_cpu_us_per_event"], 2),
+            "agent_round_trip": round(figures["rtt_agent_cpu_us_per_event"], 2),
+            "anchor_spool_send": round(figures["anchor_client_cpu_us_per_event"], 2),
+        },
+        "failed_sends_total": {
+            name: round(sum(runs.values[f"{name}_errors"]))
+            for name in ("one_client", "processes", "anchor")
+        },
+        "settings": {
+            "topic_partitions": PARTITIONS,
+            "keys": "none (keyless, sticky partitioning)",
+            "one_client": f"{CLIENT_THREADS} threads sharing one Client (its automatic "
+            "batching; the client has no batch call)",
+            "processes": f"{PROCESSES} processes, each {CLIENT_THREADS} threads sharing one "
+            "Client, all released at once",
+            "round_trip": "one thread, sequential Client.send(), its own connection; "
+            f"{profile.rtt_samples} timed after {profile.rtt_warmup} untimed",
+            "agent": "eventspool agent process, agent.toml with [agent] spool_dir, socket "
+            "and [kafka] bootstrap_servers only (defaults: durability process, 32 MiB rings, "
+            "reject when full); its sender ships to a local tansu during the passes",
+            "anchor": "Spool.send() in the bench process, 1 thread, durability process, "
+            f"{CAPACITY_BYTES // MIB} MiB rings, no sender; emptied between passes",
+            "between_passes": "wait until the agent's STATS show no unacknowledged event",
+            "pass_seconds": profile.pass_seconds,
+            "warmup_seconds": profile.warmup_seconds,
+            "rate": "events acknowledged / (last thread end - first thread start), "
+            "time.monotonic_ns, across processes too",
+            "cpu": "agent: /proc utime+stime of all its threads over the pass; clients: "
+            "process_time() over the pass",
+        },
+        "runs": {
+            name: [round(v, 3) for v in values]
+            for name, values in runs.values.items()
+            if name.endswith(("_rate", "p50_us", "p99_us"))
+        },
+        "agent_sender_counters": facts["agent_sender"],
+        "agent_protocol_errors": facts["agent_protocol_errors"],
+        "drain_wait_s_max": facts["drain_wait_s_max"],
+        "versions": {"eventspool": metadata.version("eventspool")},
+        "filesystem": fs_type,
+        "load_average_1m": {
+            "start": facts["load_average_1m_start"],
+            "end": facts["load_average_1m_end"],
+        },
+        "repetitions": args.repeats,
+        "quick": args.quick,
+        "machine": machine(),
+        "elapsed_s": round(elapsed_s(), 1),
+    }
+    return result
+
+
+def print_summary(result: dict[str, object]) -> None:
+    goals = result["goals"]
+    cpu = result["cpu_us_per_event"]
+    assert isinstance(goals, dict) and isinstance(cpu, dict)
+    print("", file=sys.stderr)
+    print_table(
+        ["figure", "value", "goal", "agent cpu us/event"],
+        [
+            [
+                f"one client, {CLIENT_THREADS} threads (events/s)",
+                result["ours"],
+                GOAL_RATE,
+                cpu["agent_one_client"],
+            ],
+            [
+                f"{PROCESSES} processes x {CLIENT_THREADS} threads (events/s)",
+                result["rate_8_processes"],
+                None,
+                cpu["agent_8_processes"],
+            ],
+            ["round trip p50 (us)", result["rtt_p50_us"], GOAL_RTT_P50_US, cpu["agent_round_trip"]],
+            ["round trip p99 (us)", result["rtt_p99_us"], None, None],
+            ["in-process Spool.send() (events/s)", result["anchor"], None, None],
+        ],
+    )
+    print(
+        f"\nheadline: one batching client {result['ours']:,}/s vs Spool.send() "
+        f"{result['anchor']:,}/s, ratio {result['ratio']}",
+        file=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == [CHILD_FLAG]:
+        return child_main(arguments[1:])
+    args = parse_args(
+        "Events/s and round trip through the agent's unix socket vs Spool.send()", arguments
+    )
+    result = run(args)
+    print_summary(result)
+    emit_result(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""The agent SIGKILLed again and again under load from several client processes.
+
+What must hold: every event whose `Client.send()` returned an event id reaches Kafka,
+however often the agent dies; the agent restarts on the same spool directory and
+socket path, and the clients carry on without being restarted (their `Client`
+reconnects). A kill can land while a client waits for its answer: that `send()` raises
+AgentError and is not counted, even though its event may have been spooled. At least
+once: a kill may make the sender resend what was in flight, so duplicates are reported,
+not forbidden.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from eventspool.broker import LocalBroker
+from eventspool.client.sync import AgentError, Client
+from eventspool.verify import consume_event_ids, ledger
+from tests.agent.conftest import AgentProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RecordProperty = Callable[[str, object], None]
+
+KILL_CYCLES = 12
+CLIENTS = 4
+THREADS_PER_CLIENT = 4
+PARTITIONS = 4
+PROGRESS_EVENTS = 300  # acknowledged after a restart before the next kill is armed
+KILL_DELAY_S = (0.1, 1.5)  # then the kill lands at a random moment in this window
+PROGRESS_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 20.0
+DRAIN_TIMEOUT_S = 90.0
+
+
+class _LineReader(threading.Thread):
+    """Drains a child's stdout so it never blocks on a full pipe; keeps complete lines."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        super().__init__(daemon=True)
+        self._stream = stream
+        self.lines: list[str] = []
+
+    def run(self) -> None:
+        for raw in self._stream:
+            if not raw.endswith(b"\n"):
+                break  # a line cut by the end of the child reports nothing
+            self.lines.append(raw.decode().strip())
+
+
+class _ClientChild:
+    """One `agent_client_child` process: its pipe reader and its stderr file."""
+
+    def __init__(self, socket_path: Path, topic: str, stderr_path: Path, seed: int) -> None:
+        self.stderr_path = stderr_path
+        with stderr_path.open("wb") as stderr:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.fault.agent_client_child",
+                    os.fspath(socket_path),
+                    topic,
+                    str(THREADS_PER_CLIENT),
+                    str(seed),
+                ],
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+            )
+        assert self.process.stdout is not None
+        self.reader = _LineReader(self.process.stdout)
+        self.reader.start()
+
+    def errors(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def failed_sends(self) -> int:
+        return self.errors().count("AgentError:")
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        assert code is None, f"client child exited with {code}: {self.errors()[-2000:]}"
+
+    def stop(self) -> None:
+        """SIGTERM: the lines written so far are whole, and the reader collects them all."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.reader.join(10)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+
+def _reported(children: list[_ClientChild]) -> int:
+    return sum(len(child.reader.lines) for child in children)
+
+
+def _start_agent(agent: AgentProcess) -> float:
+    """Start the agent and wait until it answers a PING; returns the seconds that took.
+
+    The socket file of a killed agent is still there, so its existence proves nothing:
+    only an answer does.
+    """
+    started = time.monotonic()
+    process = agent.start(wait=False)
+    while True:
+        assert process.poll() is None, f"agent exited: {agent.log.read_text()[-3000:]}"
+        assert time.monotonic() - started < START_TIMEOUT_S, "agent did not start"
+        try:
+            with Client(agent.socket_path, timeout=0.2) as probe:
+                probe.ping()
+        except AgentError:
+            time.sleep(0.02)
+            continue
+        return time.monotonic() - started
+
+
+def _kill_agent(agent: AgentProcess) -> None:
+    assert agent.process is not None
+    assert agent.process.poll() is None, f"agent died by itself: {agent.log.read_text()[-3000:]}"
+    os.kill(agent.process.pid, signal.SIGKILL)
+    agent.process.wait()
+
+
+def _wait_for_progress(children: list[_ClientChild], events: int) -> None:
+    """Until the clients together had `events` more sends acknowledged: they are connected."""
+    target = _reported(children) + events
+    deadline = time.monotonic() + PROGRESS_TIMEOUT_S
+    while _reported(children) < target:
+        for child in children:
+            child.check_alive()
+        assert time.monotonic() < deadline, "the clients made no progress after a restart"
+        time.sleep(0.01)
+
+
+def _agent_stats(socket_path: Path) -> dict[str, Any]:
+    """The agent's STATS answer, over a connection of its own."""
+    with Client(socket_path, timeout=5.0) as probe:
+        return probe.stats()
+
+
+def _wait_until_drained(socket_path: Path) -> float:
+    """Until the agent holds no unacknowledged event; returns the seconds that took."""
+    started = time.monotonic()
+    while True:
+        stats = _agent_stats(socket_path)
+        depth = sum(int(queue["depth"]) for queue in stats["queues"])
+        if depth == 0:
+            return time.monotonic() - started
+        assert time.monotonic() - started < DRAIN_TIMEOUT_S, (
+            f"{depth} events still unacknowledged after {DRAIN_TIMEOUT_S} s: {stats}"
+        )
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory for the socket: a unix socket path has at most 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="eventspool-kill-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_sigkilled_agent_loses_no_acknowledged_event(
+    broker: LocalBroker,
+    topic_factory: Callable[[int], str],
+    tmp_path: Path,
+    short_dir: Path,
+    record_property: RecordProperty,
+) -> None:
+    """Kill the agent at random moments under load; every acknowledged send reaches Kafka."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    topic = topic_factory(PARTITIONS)
+    agent = AgentProcess(tmp_path, broker.bootstrap_servers, socket_path=short_dir / "agent.sock")
+    children: list[_ClientChild] = []
+    restart_s: list[float] = []
+    try:
+        try:
+            restart_s.append(_start_agent(agent))
+            children = [
+                _ClientChild(
+                    agent.socket_path, topic, tmp_path / f"client-{n}.stderr", rng.getrandbits(32)
+                )
+                for n in range(CLIENTS)
+            ]
+            for _ in range(KILL_CYCLES):
+                _wait_for_progress(children, PROGRESS_EVENTS)
+                time.sleep(rng.uniform(*KILL_DELAY_S))
+                _kill_agent(agent)
+                restart_s.append(_start_agent(agent))
+            # The clients reconnect once more, after the last restart, before they stop.
+            _wait_for_progress(children, PROGRESS_EVENTS)
+            for child in children:
+                child.check_alive()
+        finally:
+            for child in children:
+                child.stop()
+        drain_s = _wait_until_drained(agent.socket_path)
+        stats = _agent_stats(agent.socket_path)
+    finally:
+        agent.stop()
+
+    reported = [event_id for child in children for event_id in child.reader.lines]
+    failed_sends = sum(child.failed_sends() for child in children)
+    expected = set(reported)
+    record_property("seed", seed)
+    record_property("kills", KILL_CYCLES)
+    record_property("events_acknowledged_by_send", len(reported))
+    record_property("sends_failed_by_a_kill", failed_sends)
+    record_property("restart_s_max", round(max(restart_s), 3))
+    record_property("drain_after_clients_stopped_s", round(drain_s, 2))
+    record_property("sender_counters_since_last_restart", stats["sender"])
+    assert len(expected) == len(reported), f"seed {seed}: send() returned an event id twice"
+
+    seen = consume_event_ids(broker.bootstrap_servers, [topic], expected, timeout=60)
+    result = ledger(expected, seen)
+    unreported = sum(1 for event_id in seen if event_id not in expected)
+    record_property("delivered", result.delivered)
+    record_property("duplicates", result.duplicated)
+    record_property("spooled_but_not_acknowledged_to_a_client", unreported)
+    print(
+        f"seed {seed}: {KILL_CYCLES} kills, restart max {max(restart_s):.2f} s; "
+        f"{len(reported)} sends acknowledged, {failed_sends} failed by a kill; "
+        f"{result.delivered} delivered, {result.lost} lost, {result.duplicated} duplicates, "
+        f"{unreported} spooled but not acknowledged; drain {drain_s:.2f} s"
+    )
+    missing = sorted(expected - seen.keys())
+    assert result.lost == 0, (
+        f"seed {seed}: {result.lost} of {result.sent} acknowledged events lost after "
+        f"{KILL_CYCLES} kills ({failed_sends} sends failed by a kill), e.g. {missing[:3]}"
+    )
