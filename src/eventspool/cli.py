@@ -20,6 +20,18 @@ from eventspool.spool.inspect import QueueReport, SpoolReport, inspect_spool
 from eventspool.status import render_status
 
 
+# The same option on every command that talks to the agent, so they agree on the socket.
+_socket_option = click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="EVENTSPOOL_AGENT_SOCKET",
+    default=Path("spool") / "agent.sock",
+    show_default=True,
+    help="The agent's socket (env: EVENTSPOOL_AGENT_SOCKET).",
+)
+
+
 @click.group()
 @click.version_option(package_name="eventspool")
 def main() -> None:
@@ -157,15 +169,7 @@ def agent(config_path: Path | None, adopted: tuple[Path, ...], verbose: bool) ->
 
 @main.command()
 @click.argument("topic")
-@click.option(
-    "--socket",
-    "socket_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar="EVENTSPOOL_AGENT_SOCKET",
-    default=Path("spool") / "agent.sock",
-    show_default=True,
-    help="The agent's socket (env: EVENTSPOOL_AGENT_SOCKET).",
-)
+@_socket_option
 @click.option(
     "--json",
     "json_lines",
@@ -206,15 +210,7 @@ def send(topic: str, socket_path: Path, json_lines: bool) -> None:
 
 
 @main.command()
-@click.option(
-    "--socket",
-    "socket_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    envvar="EVENTSPOOL_AGENT_SOCKET",
-    default=Path("spool") / "agent.sock",
-    show_default=True,
-    help="The agent's socket (env: EVENTSPOOL_AGENT_SOCKET).",
-)
+@_socket_option
 @click.option("--interval", default=1.0, show_default=True, help="Seconds between refreshes.")
 @click.option("--once", is_flag=True, help="Print one table and exit (for scripts).")
 def status(socket_path: Path, interval: float, once: bool) -> None:
