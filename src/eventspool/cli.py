@@ -19,7 +19,6 @@ from eventspool.errors import EventspoolError, SpoolLockedError
 from eventspool.spool.inspect import QueueReport, SpoolReport, inspect_spool
 from eventspool.status import render_status
 
-
 # The same option on every command that talks to the agent, so they agree on the socket.
 _socket_option = click.option(
     "--socket",
