@@ -88,6 +88,11 @@ class SpoolCollector(Collector):
                 value=sender.counters.broker_errors,
             )
             yield CounterMetricFamily(
+                "eventspool_broker_reconnects",
+                "Times the brokers answered again after being unreachable.",
+                value=sender.counters.reconnects,
+            )
+            yield CounterMetricFamily(
                 "eventspool_retried_batches",
                 "Queue rewinds after a transient delivery failure.",
                 value=sender.counters.retried_batches,

@@ -315,6 +315,9 @@ def test_send_latency_holds_and_nothing_is_lost_through_a_broker_outage(
 
         drain_started = time.monotonic()
         remaining = spool.flush(120)
+        assert spool.sender is not None
+        reconnects = spool.sender.counters.reconnects
+        assert reconnects >= 1, "the sender never noticed the outage end (broker_reconnects)"
         drain_s = time.monotonic() - drain_started
     finally:
         spool.close(timeout=5)

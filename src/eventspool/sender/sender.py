@@ -56,6 +56,7 @@ class SenderCounters:
     retried_batches: int = 0
     dead_letters: int = 0
     broker_errors: int = 0
+    reconnects: int = 0
     last_error: str | None = None
 
 
@@ -104,6 +105,7 @@ class Sender:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="eventspool-sender", daemon=True)
         self.connected = False
+        self._ever_connected = False
 
     def start(self) -> None:
         self._thread.start()
@@ -147,7 +149,9 @@ class Sender:
             self.connected = False
             self._next_refresh = now + _UNKNOWN_TOPIC_RETRY_S
             return
-        self.connected = True
+        if not self.connected and self._ever_connected:
+            self.counters.reconnects += 1
+        self.connected = self._ever_connected = True
         missing = []
         for topic in self._registry.topics():
             layout = layouts.get(topic.name)
