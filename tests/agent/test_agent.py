@@ -245,6 +245,10 @@ def test_status_shows_each_queue_and_the_broker(agent_factory: AgentFactory) -> 
     with Client(agent.socket_path) as client:
         for i in range(50):
             client.send("status-topic", b"x", key=f"k{i}")
+        deadline = time.monotonic() + 30
+        while not client.stats()["broker_connected"]:  # the first metadata answer
+            assert time.monotonic() < deadline, "the agent never reached the broker"
+            time.sleep(0.1)
     result = CliRunner().invoke(main, ["status", "--socket", str(agent.socket_path), "--once"])
     assert result.exit_code == 0, result.output
     assert "status-topic/" in result.output
