@@ -193,7 +193,17 @@ class Sender:
         try:
             event_id, create_ms, key, value, extra_headers = decode_for_kafka(record.payload)
         except ValueError as exc:
-            self._dead_letter_raw(state, record, f"undecodable envelope: {exc}")
+            # No Kafka message can be made of it: keep the record as it is, with the reason.
+            state.tracker.sent(record.seq)
+            self._dead_letter(
+                state,
+                error_code="UNDECODABLE",
+                reason=f"undecodable envelope: {exc}",
+                event_id=None,
+                key=None,
+                value=record.payload,
+            )
+            self._settled(state, record.seq)
             return
         headers: list[tuple[str, str | bytes | None]] = [("event_id", event_id)]
         if extra_headers:
@@ -219,7 +229,14 @@ class Sender:
                 if not isinstance(error, KafkaError):
                     raise
                 if is_permanent(error):
-                    self._dead_letter(state, error, event_id.decode(), key, value)
+                    self._dead_letter(
+                        state,
+                        error_code=error.name(),
+                        reason=error.str(),
+                        event_id=event_id.decode(),
+                        key=key,
+                        value=value,
+                    )
                     self._settled(state, record.seq)
                 else:
                     self.counters.last_error = str(error)
@@ -239,29 +256,18 @@ class Sender:
             raw_id = dict(message.headers() or []).get("event_id")
             event_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
             key, value = message.key(), message.value()
-            self._dead_letter(state, error, event_id, _as_bytes(key), _as_bytes(value))
+            self._dead_letter(
+                state,
+                error_code=error.name(),
+                reason=error.str(),
+                event_id=event_id,
+                key=_as_bytes(key),
+                value=_as_bytes(value),
+            )
             self._settled(state, seq)
             return
         self.counters.last_error = str(error)
         state.tracker.failed_transiently()
-
-    def _dead_letter_raw(self, state: _QueueState, record: Record, reason: str) -> None:
-        """Keep a record no Kafka message can be made of, as it is, with the reason."""
-        state.tracker.sent(record.seq)
-        self.dead_letters.write(
-            DeadLetter(
-                topic=state.ref.topic,
-                partition=state.partition,
-                event_id=None,
-                key=None,
-                value=record.payload,
-                error_code="UNDECODABLE",
-                reason=reason,
-                time_ms=self._clock.now_ms(),
-            )
-        )
-        self.counters.dead_letters += 1
-        self._settled(state, record.seq)
 
     def _settled(self, state: _QueueState, seq: int) -> None:
         if state.tracker.completed(seq):
@@ -276,7 +282,9 @@ class Sender:
     def _dead_letter(
         self,
         state: _QueueState,
-        error: KafkaError,
+        *,
+        error_code: str,
+        reason: str,
         event_id: str | None,
         key: bytes | None,
         value: bytes | None,
@@ -288,8 +296,8 @@ class Sender:
                 event_id=event_id,
                 key=key,
                 value=value,
-                error_code=error.name(),
-                reason=error.str(),
+                error_code=error_code,
+                reason=reason,
                 time_ms=self._clock.now_ms(),
             )
         )
@@ -299,7 +307,7 @@ class Sender:
             event_id,
             state.ref.topic,
             state.ref.partition,
-            error.str(),
+            reason,
         )
 
     def _settle(self) -> None:
