@@ -1,0 +1,215 @@
+"""Consumer throughput: eventspool's Consumer against a bare confluent-kafka consume loop.
+
+(a) No-op handler. One topic (4 partitions) holds N events of 100 bytes, keyed by
+    cycling over 10k users, each with an `event_id` header. Each run reads all of them
+    with a fresh consumer group, so both sides read the same records from the same broker:
+    * ours: `Consumer(workers=2)` with the default settings (ordering by key, 200 events
+      per worker batch, 1000 buffered) and a handler that does nothing. Rate = events
+      processed between the first status snapshot that shows a received event and the one
+      that shows all N processed, divided by the time between those two snapshots (the
+      poll thread stamps each snapshot), so the slow group join on the embedded broker is
+      left out on both sides.
+    * the anchor: a `confluent_kafka.Consumer` in the same group settings, subscribed,
+      calling the same no-op function on each message from `consume(1000, 0.1)` with
+      auto-commit on (the loop most users write). Rate = N / (first message to last).
+(b) CPU-bound handler: each event burns 1 ms of CPU (`time.thread_time`), M events,
+    `Consumer` with 1 and then 2 workers, rate measured as in (a). Scaling = rate with 2
+    workers / rate with 1. The machine has two cores, which the poll thread, librdkafka
+    and the broker share with the workers.
+
+Runs alternate between ours and the anchor. The LAST stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import Producer
+
+from _common import (
+    BenchArgs,
+    emit_result,
+    machine,
+    median,
+    parse_args,
+    print_table,
+    progress,
+    safe_ratio,
+)
+from eventspool.broker.local import LocalBroker, create_topic
+from eventspool.consumer import Consumer, ConsumerSettings, Record
+
+FULL_EVENTS = 300_000
+QUICK_EVENTS = 60_000
+FULL_CPU_EVENTS = 6_000
+QUICK_CPU_EVENTS = 2_000
+PARTITIONS = 4
+VALUE = b"v" * 100
+GROUP_SETTINGS = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+TIMEOUT_S = 300.0
+
+
+def noop(_record: object) -> None:
+    """The no-op handler of figure (a), for both sides."""
+
+
+def burn_1ms(_record: Record) -> None:
+    """Figure (b): 1 ms of CPU, whatever else the machine does."""
+    end = time.thread_time() + 0.001
+    while time.thread_time() < end:
+        pass
+
+
+def fill_topic(bootstrap: str, topic: str, count: int) -> None:
+    create_topic(bootstrap, topic, PARTITIONS)
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 20, "partitioner": "murmur2_random"}
+    )
+    for i in range(count):
+        headers = [("event_id", uuid.uuid4().hex.encode())]
+        while True:
+            try:
+                producer.produce(topic, VALUE, key=f"user-{i % 10_000}", headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+
+
+def ours(bootstrap: str, topic: str, count: int, handler: Any, workers: int) -> float:
+    """Events per second through Consumer, from status snapshots (see the module doc)."""
+    consumer = Consumer(
+        f"bench-ours-{uuid.uuid4().hex[:8]}",
+        [topic],
+        handler,
+        workers=workers,
+        bootstrap_servers=bootstrap,
+        settings=ConsumerSettings(kafka=GROUP_SETTINGS),
+    )
+    consumer.start()
+    try:
+        first = None
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            status = consumer.status()
+            if first is None and status.counters.received:
+                first = status
+            if status.counters.processed >= count and first is not None:
+                done = status.counters.processed - first.counters.processed
+                return done / (status.taken_at - first.taken_at)
+            time.sleep(0.005)
+        raise RuntimeError(f"ours: {consumer.status().line()} after {TIMEOUT_S} s")
+    finally:
+        consumer.stop()
+
+
+def anchor(bootstrap: str, topic: str, count: int) -> float:
+    """Events per second of the bare loop, first message to last."""
+    consumer = KafkaConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-anchor-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            **GROUP_SETTINGS,
+        }
+    )
+    consumer.subscribe([topic])
+    seen = 0
+    first = 0.0
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while seen < count and time.monotonic() < deadline:
+            for message in consumer.consume(1000, 0.1):
+                if message.error():
+                    continue
+                if not seen:
+                    first = time.perf_counter()
+                noop(message)
+                seen += 1
+        if seen < count:
+            raise RuntimeError(f"anchor: {seen} of {count} after {TIMEOUT_S} s")
+        return (count - 1) / (time.perf_counter() - first)
+    finally:
+        consumer.close()
+
+
+def run(args: BenchArgs) -> dict[str, object]:
+    events = QUICK_EVENTS if args.quick else FULL_EVENTS
+    cpu_events = QUICK_CPU_EVENTS if args.quick else FULL_CPU_EVENTS
+    scratch = Path(tempfile.mkdtemp(prefix="bench-consumer-", dir=args.scratch_parent))
+    try:
+        with LocalBroker(scratch / "broker") as broker:
+            bootstrap = broker.bootstrap_servers
+            fill_topic(bootstrap, "noop", events)
+            fill_topic(bootstrap, "cpu", cpu_events)
+            ours_rates: list[float] = []
+            anchor_rates: list[float] = []
+            for rep in range(args.repeats):
+                pair = [
+                    ("anchor", lambda: anchor(bootstrap, "noop", events), anchor_rates),
+                    ("ours", lambda: ours(bootstrap, "noop", events, noop, 2), ours_rates),
+                ]
+                for name, measure, rates in pair if rep % 2 == 0 else reversed(pair):
+                    rates.append(measure())
+                    progress(f"(a) rep {rep + 1} {name}: {rates[-1]:,.0f} events/s")
+            one: list[float] = []
+            two: list[float] = []
+            for rep in range(args.repeats):
+                for workers, rates in ((1, one), (2, two)):
+                    rates.append(ours(bootstrap, "cpu", cpu_events, burn_1ms, workers))
+                    progress(f"(b) rep {rep + 1} {workers} workers: {rates[-1]:,.0f} events/s")
+    finally:
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    ours_rate, anchor_rate = median(ours_rates), median(anchor_rates)
+    one_rate, two_rate = median(one), median(two)
+    print_table(
+        ["figure", "ours", "anchor", "ratio"],
+        [
+            [
+                "(a) no-op events/s",
+                f"{ours_rate:,.0f}",
+                f"{anchor_rate:,.0f}",
+                safe_ratio(ours_rate, anchor_rate),
+            ],
+            [
+                "(b) 1 ms CPU events/s, 2 vs 1 workers",
+                f"{two_rate:,.0f}",
+                f"{one_rate:,.0f}",
+                safe_ratio(two_rate, one_rate),
+            ],
+        ],
+    )
+    return {
+        "figure": "consumer_noop_events_per_s",
+        "ours": round(ours_rate),
+        "anchor": round(anchor_rate),
+        "ratio": safe_ratio(ours_rate, anchor_rate),
+        "cpu_1ms_events_per_s_1_worker": round(one_rate),
+        "cpu_1ms_events_per_s_2_workers": round(two_rate),
+        "cpu_scaling_2_vs_1": safe_ratio(two_rate, one_rate),
+        "events": events,
+        "cpu_events": cpu_events,
+        "value_bytes": len(VALUE),
+        "partitions": PARTITIONS,
+        "repeats": args.repeats,
+        "machine": machine(),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    result = run(parse_args("Consumer throughput against a bare confluent-kafka loop", argv))
+    emit_result(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Which offsets may be committed, and when.
+
+A worker pool finishes events out of order; Kafka stores one committed offset per
+partition, meaning "everything below this is done". Committing anything past the first
+unfinished event would lose it on a restart, so each partition commits only the end of
+its longest finished prefix.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from eventspool.clock import Clock
+
+
+class PartitionOffsets:
+    """The offsets of one partition that were handed out and which of them are finished.
+
+    Offsets must be added in increasing order (as a partition delivers them); they need
+    not be contiguous (compaction and transaction markers leave holes in real logs).
+    """
+
+    __slots__ = ("_committed", "_done", "_outstanding", "_received_end")
+
+    def __init__(self, committed: int | None = None) -> None:
+        self._outstanding: deque[int] = deque()
+        self._done: set[int] = set()
+        self._committed = committed
+        self._received_end: int | None = committed
+
+    def add(self, offset: int) -> bool:
+        """Track a newly received offset; False for one already seen (a stale refetch)."""
+        if self._received_end is not None and offset < self._received_end:
+            return False
+        self._outstanding.append(offset)
+        self._received_end = offset + 1
+        return True
+
+    def finish(self, offset: int) -> None:
+        """Mark `offset` done; finishing an offset that is not outstanding is a no-op."""
+        outstanding = self._outstanding
+        if not outstanding or offset < outstanding[0]:
+            return
+        if offset == outstanding[0]:
+            outstanding.popleft()
+            done = self._done
+            while outstanding and outstanding[0] in done:
+                done.discard(outstanding.popleft())
+        else:
+            self._done.add(offset)
+
+    def forget_from(self, offset: int) -> None:
+        """Drop outstanding offsets >= `offset`: they will be fetched again after a seek."""
+        while self._outstanding and self._outstanding[-1] >= offset:
+            self._done.discard(self._outstanding.pop())
+        self._received_end = offset
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._outstanding)
+
+    @property
+    def committed(self) -> int | None:
+        return self._committed
+
+    @property
+    def position(self) -> int | None:
+        """The first offset not finished yet: where a restart would begin."""
+        return self._outstanding[0] if self._outstanding else self._received_end
+
+    def committable(self) -> int | None:
+        """The offset to commit now (the first unfinished one), or None if it would not move."""
+        end = self.position
+        if end is None or (self._committed is not None and end <= self._committed):
+            return None
+        return end
+
+    def mark_committed(self, offset: int) -> None:
+        self._committed = offset
+
+
+class CommitPolicy:
+    """Commit after `every_n` finished events or `every_s` seconds, whichever comes first."""
+
+    __slots__ = ("_clock", "_every_n", "_every_s", "_finished", "_last")
+
+    def __init__(self, every_n: int, every_s: float, clock: Clock) -> None:
+        if every_n < 1 or every_s <= 0:
+            raise ValueError(f"commit every {every_n} events / {every_s} s: both must be positive")
+        self._every_n = every_n
+        self._every_s = every_s
+        self._clock = clock
+        self._finished = 0
+        self._last = clock.monotonic()
+
+    def finished(self, count: int = 1) -> None:
+        self._finished += count
+
+    def due(self) -> bool:
+        if self._finished >= self._every_n:
+            return True
+        return self._finished > 0 and self._clock.monotonic() - self._last >= self._every_s
+
+    def committed(self) -> None:
+        self._finished = 0
+        self._last = self._clock.monotonic()

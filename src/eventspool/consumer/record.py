@@ -1,0 +1,75 @@
+"""What a handler receives: one Kafka record, with the envelope's identity pulled out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import TIMESTAMP_CREATE_TIME
+
+# (topic, partition, offset, key, value, headers, create_time_ms, event_id): the form a
+# record crosses the process boundary in, cheaper to pickle than a dataclass.
+HeaderPairs = list[tuple[str, bytes]]
+WireRecord = tuple[
+    str, int, int, bytes | None, bytes | None, HeaderPairs | None, int | None, str | None
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One event as a handler sees it.
+
+    `attempt` is 1 on the first delivery to a handler and grows with each retry, so a
+    handler can tell a redelivery (after its own failure or a worker's death) apart.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: HeaderPairs | None
+    create_time_ms: int | None
+    event_id: str | None
+    attempt: int = 1
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header `name`, or None."""
+        for header_name, value in reversed(self.headers or ()):
+            if header_name == name:
+                found: bytes | None = value
+                return found
+        return None
+
+
+def wire_record(message: Any) -> WireRecord:
+    """Flatten a confluent_kafka Message; the create time falls back to the header."""
+    headers = message.headers()
+    event_id = None
+    create_time_ms = None
+    if headers:
+        for name, value in headers:
+            if name == "event_id" and value is not None:
+                event_id = value.decode("ascii", "replace")
+            elif name == "create_time" and value is not None:
+                create_time_ms = _int_or_none(value)
+    timestamp_type, timestamp = message.timestamp()
+    if create_time_ms is None and timestamp_type == TIMESTAMP_CREATE_TIME:
+        create_time_ms = timestamp
+    return (
+        message.topic(),
+        message.partition(),
+        message.offset(),
+        message.key(),
+        message.value(),
+        headers,
+        create_time_ms,
+        event_id,
+    )
+
+
+def _int_or_none(raw: bytes) -> int | None:
+    try:
+        return int(raw)
+    except ValueError:
+        return None

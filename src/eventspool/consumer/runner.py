@@ -1,0 +1,830 @@
+"""The Consumer: one poll thread owns the Kafka consumer, worker processes run handlers.
+
+The poll thread never waits on a handler. It keeps calling `consume()` (librdkafka
+counts `max.poll.interval.ms` between those calls, paused or not), hands batches to idle
+workers, pauses every assigned partition while `max_buffered` events are held and
+resumes below the threshold, and commits per partition only the end of the finished
+prefix. Everything that touches consumer state runs on this one thread, rebalance
+callbacks included; other threads read a status snapshot it publishes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import math
+import signal
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from types import FrameType, TracebackType
+from typing import Any, Self
+
+from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from eventspool.clock import SYSTEM_CLOCK, Clock
+from eventspool.config import validate_topic
+from eventspool.consumer.endoffsets import true_end_offsets
+from eventspool.consumer.offsets import CommitPolicy, PartitionOffsets
+from eventspool.consumer.pool import (
+    SKIPPED,
+    Failure,
+    HandlerRef,
+    PoolEvent,
+    TaskDone,
+    WorkerPool,
+    resolve_handler,
+)
+from eventspool.consumer.record import wire_record
+from eventspool.consumer.scheduler import Pending, Scheduler, TopicPartitionKey
+from eventspool.consumer.settings import ConsumerSettings
+from eventspool.errors import EventspoolError
+
+log = logging.getLogger("eventspool.consumer")
+
+DEAD_LETTER_HEADERS = (
+    "dlq.error.type",
+    "dlq.error.message",
+    "dlq.error.traceback",
+    "dlq.original.topic",
+    "dlq.original.partition",
+    "dlq.original.offset",
+    "dlq.attempts",
+)
+_IDLE_POLL_S = 0.1
+_BUSY_POLL_S = 0.002
+_MAX_CONSUME = 1000
+_SNAPSHOT_EVERY_S = 0.25
+_FORWARD_RETRY_S = 1.0
+_COMMITTED_TIMEOUT_S = 10.0
+_FORCED_KAFKA = {"enable.auto.commit": False, "enable.auto.offset.store": False}
+
+
+class ConsumerError(EventspoolError):
+    """The consumer cannot start or its poll thread failed."""
+
+
+@dataclass(slots=True)
+class ConsumerCounters:
+    """Events by outcome since start. `abandoned` were running at a revoke or shutdown
+    and will be delivered again; `dropped` were buffered and will be fetched again."""
+
+    received: int = 0
+    processed: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    stale: int = 0
+    abandoned: int = 0
+    dropped: int = 0
+    commits: int = 0
+    commit_failures: int = 0
+    rebalances: int = 0
+    worker_restarts: int = 0
+    pauses: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStatus:
+    topic: str
+    partition: int
+    position: int | None
+    committed: int | None
+    end: int | None
+    held: int
+
+    @property
+    def lag(self) -> int | None:
+        """Events not yet finished, from the true end offset."""
+        if self.end is None:
+            return None
+        start = self.position if self.position is not None else self.committed
+        return None if start is None else max(self.end - start, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStatus:
+    """A snapshot the poll thread publishes every quarter second; `taken_at` is its
+    clock's monotonic time, so two snapshots give exact rates."""
+
+    group: str
+    state: str
+    paused: bool
+    buffered: int
+    waiting: int
+    in_flight: int
+    oldest_in_flight_s: float | None
+    partitions: tuple[PartitionStatus, ...]
+    counters: ConsumerCounters
+    taken_at: float
+
+    @property
+    def lag(self) -> int | None:
+        lags = [p.lag for p in self.partitions]
+        known = [lag for lag in lags if lag is not None]
+        return sum(known) if known else None
+
+    def line(self) -> str:
+        """One status line, as the CLI prints it."""
+        c = self.counters
+        lag = "?" if self.lag is None else str(self.lag)
+        oldest = "-" if self.oldest_in_flight_s is None else f"{self.oldest_in_flight_s:.1f}s"
+        return (
+            f"{self.state} group={self.group} partitions={len(self.partitions)} lag={lag} "
+            f"buffered={self.buffered} running={self.in_flight} oldest={oldest} "
+            f"paused={'yes' if self.paused else 'no'} | received={c.received} "
+            f"processed={c.processed} retried={c.retried} dead_lettered={c.dead_lettered} "
+            f"stale={c.stale} commits={c.commits} rebalances={c.rebalances} "
+            f"worker_restarts={c.worker_restarts}"
+        )
+
+
+@dataclass(slots=True)
+class _PartitionState:
+    offsets: PartitionOffsets
+    held: int = 0
+    active: bool = True
+
+
+@dataclass(slots=True)
+class _Task:
+    items: list[tuple[_PartitionState, Pending]]
+    started: float
+
+
+@dataclass(slots=True)
+class _Forward:
+    state: _PartitionState
+    pending: Pending
+    target: str
+    headers: list[tuple[str, bytes]]
+    counter: str
+    not_before: float = 0.0
+
+
+@dataclass(slots=True)
+class _Shared:
+    """What other threads may read: replaced whole, never mutated."""
+
+    status: ConsumerStatus | None = None
+    ends: dict[TopicPartitionKey, int] = field(default_factory=dict)
+
+
+class Consumer:
+    """Consume `topics` in consumer group `group`, running `handler` in worker processes.
+
+    `handler` is `module:function` or a picklable callable taking a `Record`. Delivery is
+    at least once: an event is committed only after its handler returned (or it went to
+    the stale or dead-letter topic), and duplicates are bounded by `max_buffered`.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        topics: Sequence[str],
+        handler: HandlerRef,
+        *,
+        workers: int = 2,
+        bootstrap_servers: str = "127.0.0.1:9092",
+        settings: ConsumerSettings | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        if not group:
+            raise ValueError("a consumer group id is required")
+        if isinstance(topics, str) or not topics:
+            raise ValueError("topics must be a non-empty list of topic names")
+        for topic in topics:
+            if not topic.startswith("^"):
+                validate_topic(topic)
+        if workers < 1:
+            raise ValueError(f"workers={workers}: at least one worker is needed")
+        resolve_handler(handler)
+        self.group = group
+        self._topics = list(topics)
+        self._handler = handler
+        self._workers = workers
+        self._bootstrap = bootstrap_servers
+        self._settings = settings or ConsumerSettings()
+        self._clock = clock
+        for name, value in self._settings.kafka.items():
+            if name in _FORCED_KAFKA and value != _FORCED_KAFKA[name]:
+                raise ValueError(f"kafka {name}={value!r}: eventspool commits offsets itself")
+        self._scheduler = Scheduler(self._settings.ordering)
+        self._policy = CommitPolicy(
+            self._settings.commit_every_n, self._settings.commit_every_s, clock
+        )
+        self._partitions: dict[TopicPartitionKey, _PartitionState] = {}
+        self._tasks: dict[int, _Task] = {}
+        self._task_ids = itertools.count()
+        self._forwards: list[_Forward] = []
+        self._counters = ConsumerCounters()
+        self._held = 0
+        self._paused = False
+        self._full_since: float | None = None
+        self._state = "created"
+        self._shared = _Shared()
+        self._next_snapshot = 0.0
+        self._stop_requested = threading.Event()
+        self._stopped = threading.Event()
+        self._lag_wakeup = threading.Event()
+        self._failure: BaseException | None = None
+        self._kafka: Any = None
+        self._producer: Any = None
+        self._pool: WorkerPool | None = None
+        self._threads: list[threading.Thread] = []
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Start the worker pool, join the group and begin consuming in the background."""
+        if self._state != "created":
+            raise ConsumerError(f"consumer is {self._state}; a Consumer starts once")
+        self._state = "starting"
+        self._pool = WorkerPool(
+            self._workers,
+            self._handler,
+            self._settings.ordering,
+            self._settings.start_method,
+        )
+        try:
+            self._kafka = KafkaConsumer(self._kafka_config())
+            self._kafka.subscribe(
+                self._topics,
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_lost,
+            )
+        except KafkaException as exc:
+            self._pool.stop()
+            raise ConsumerError(f"cannot start consumer group {self.group!r}: {exc}") from exc
+        self._state = "running"
+        self._publish_status(force=True)
+        for target, name in ((self._poll_loop, "poll"), (self._lag_loop, "lag")):
+            thread = threading.Thread(target=target, name=f"eventspool-consumer-{name}")
+            thread.daemon = True
+            thread.start()
+            self._threads.append(thread)
+
+    def _kafka_config(self) -> dict[str, Any]:
+        return {
+            "bootstrap.servers": self._bootstrap,
+            "group.id": self.group,
+            "auto.offset.reset": "earliest",
+            **self._settings.kafka,
+            **_FORCED_KAFKA,
+        }
+
+    def request_stop(self) -> None:
+        """Ask the poll thread to stop; safe from a signal handler or any thread."""
+        self._stop_requested.set()
+        self._lag_wakeup.set()
+
+    def stop(self, timeout: float | None = None) -> ConsumerStatus:
+        """Stop taking events, let running handlers finish (up to `shutdown_timeout_s`),
+        commit what is done and leave the group."""
+        self.request_stop()
+        return self.join(timeout)
+
+    def join(self, timeout: float | None = None) -> ConsumerStatus:
+        for thread in self._threads:
+            thread.join(timeout)
+        if self._failure is not None:
+            raise ConsumerError(f"consumer poll thread failed: {self._failure}") from self._failure
+        return self.status()
+
+    def run(self) -> ConsumerStatus:
+        """Start and block until SIGTERM or SIGINT (in the main thread) or `request_stop()`."""
+        previous: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, self._on_signal)
+        try:
+            self.start()
+            while not self._stopped.wait(0.5):
+                pass
+            return self.join()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping consumer group %s", signum, self.group)
+        self.request_stop()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def status(self) -> ConsumerStatus:
+        status = self._shared.status
+        assert status is not None, "status() before start()"
+        return status
+
+    def worker_pids(self) -> list[int | None]:
+        """Process ids of the workers (a test or an operator may want to signal one)."""
+        return self._pool.pids() if self._pool else []
+
+    # ----------------------------------------------------------------- poll thread
+
+    def _poll_loop(self) -> None:
+        try:
+            while not self._stop_requested.is_set():
+                self._step()
+            self._shutdown()
+        except BaseException as exc:
+            log.exception("consumer group %s: poll thread failed", self.group)
+            self._failure = exc
+            self._abort()
+        finally:
+            self._state = "stopped"
+            self._publish_status(force=True)
+            self._stopped.set()
+            self._lag_wakeup.set()
+
+    def _step(self) -> None:
+        self._handle_pool_events(self._pool_events(0))
+        self._dispatch()
+        if self._hold_intake():
+            self._handle_pool_events(self._pool_events(_BUSY_POLL_S))
+        else:
+            busy = bool(self._tasks or self._scheduler.waiting or self._forwards)
+            budget = max(1, min(_MAX_CONSUME, self._settings.max_buffered - self._held))
+            for message in self._kafka.consume(budget, _BUSY_POLL_S if busy else _IDLE_POLL_S):
+                self._intake(message)
+            self._dispatch()
+        self._service_forwards()
+        if self._policy.due():
+            self._commit(list(self._partitions.items()))
+        self._publish_status()
+
+    def _pool_events(self, timeout: float) -> list[PoolEvent]:
+        assert self._pool is not None
+        return self._pool.collect(timeout)
+
+    def _intake(self, message: Any) -> None:
+        error = message.error()
+        if error is not None:
+            if error.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer group %s: %s", self.group, error)
+            return
+        wire = wire_record(message)
+        state = self._partitions.get((wire[0], wire[1]))
+        if state is None or not state.offsets.add(wire[2]):
+            return
+        state.held += 1
+        self._held += 1
+        self._counters.received += 1
+        self._scheduler.add(wire)
+
+    def _dispatch(self) -> None:
+        if self._stop_requested.is_set() or not self._scheduler.waiting:
+            return
+        assert self._pool is not None
+        idle = self._pool.idle()
+        if not idle:
+            return
+        now = self._clock.monotonic()
+        per_worker = min(self._settings.max_batch, math.ceil(self._scheduler.waiting / len(idle)))
+        for index in idle:
+            batch = self._scheduler.take(per_worker, now)
+            if not batch:
+                return
+            items: list[tuple[_PartitionState, Pending]] = []
+            for pending in batch:
+                state = self._partitions[(pending.wire[0], pending.wire[1])]
+                if self._is_stale(pending):
+                    self._scheduler.release(pending)
+                    self._drop_stale(state, pending)
+                else:
+                    items.append((state, pending))
+            if items:
+                task_id = next(self._task_ids)
+                self._tasks[task_id] = _Task(items, now)
+                self._pool.submit(index, task_id, [(p.wire, p.attempt) for _, p in items])
+
+    def _is_stale(self, pending: Pending) -> bool:
+        max_age = self._settings.max_age_s
+        created = pending.wire[6]
+        return (
+            max_age is not None
+            and created is not None
+            and self._clock.now_ms() - created > max_age * 1000
+        )
+
+    def _handle_pool_events(self, events: Iterable[PoolEvent]) -> None:
+        for event in events:
+            if isinstance(event, TaskDone):
+                task = self._tasks.pop(event.task_id)
+                failures = event.failures or {}
+                for index, (state, pending) in enumerate(task.items):
+                    self._scheduler.release(pending)
+                    failure = failures.get(index)
+                    if failure is None:
+                        self._counters.processed += 1
+                        self._finish(state, pending)
+                    elif failure == SKIPPED:
+                        self._requeue(state, pending)
+                    else:
+                        self._failed(state, pending, failure)
+                continue
+            self._counters.worker_restarts += 1
+            log.warning(
+                "consumer group %s: worker died (exit code %s); replaced",
+                self.group,
+                event.exitcode,
+            )
+            if event.task_id is None:
+                continue
+            task = self._tasks.pop(event.task_id)
+            for index, (state, pending) in enumerate(task.items):
+                self._scheduler.release(pending)
+                if index < event.index:
+                    self._counters.processed += 1
+                    self._finish(state, pending)
+                elif index == event.index:
+                    message = f"worker process died (exit code {event.exitcode})"
+                    self._failed(state, pending, ("WorkerDied", message, ""))
+                else:
+                    self._requeue(state, pending)
+
+    def _finish(self, state: _PartitionState, pending: Pending) -> None:
+        if not state.active:
+            return
+        state.offsets.finish(pending.offset)
+        state.held -= 1
+        self._held -= 1
+        self._policy.finished()
+
+    def _requeue(self, state: _PartitionState, pending: Pending) -> None:
+        if state.active:
+            self._scheduler.put_back(pending)
+
+    def _failed(self, state: _PartitionState, pending: Pending, failure: Failure) -> None:
+        self._counters.failed += 1
+        error_type, message, _ = failure
+        log.warning(
+            "consumer group %s: handler failed on %s/%d@%d (attempt %d): %s: %s",
+            self.group,
+            pending.wire[0],
+            pending.wire[1],
+            pending.offset,
+            pending.attempt,
+            error_type,
+            message,
+        )
+        if not state.active:
+            return
+        if pending.attempt >= self._settings.max_attempts:
+            self._dead_letter(state, pending, failure)
+            return
+        pending.not_before = self._clock.monotonic() + self._settings.retry_delay(pending.attempt)
+        pending.attempt += 1
+        self._counters.retried += 1
+        self._scheduler.put_back(pending)
+
+    # ----------------------------------------------------------------- forwarding
+
+    def _dead_letter(self, state: _PartitionState, pending: Pending, failure: Failure) -> None:
+        topic, partition, offset = pending.wire[0], pending.wire[1], pending.wire[2]
+        values = (*failure, topic, str(partition), str(offset), str(pending.attempt))
+        headers = [
+            (name, value.encode()) for name, value in zip(DEAD_LETTER_HEADERS, values, strict=True)
+        ]
+        target = self._settings.dead_letter_topic.format(topic=topic)
+        self._forwards.append(_Forward(state, pending, target, headers, "dead_lettered"))
+
+    def _drop_stale(self, state: _PartitionState, pending: Pending) -> None:
+        template = self._settings.stale_topic
+        if template is None:
+            self._counters.stale += 1
+            self._finish(state, pending)
+            return
+        created = pending.wire[6] or 0
+        headers = [
+            ("stale.original.topic", pending.wire[0].encode()),
+            ("stale.original.partition", str(pending.wire[1]).encode()),
+            ("stale.original.offset", str(pending.offset).encode()),
+            ("stale.age_ms", str(self._clock.now_ms() - created).encode()),
+        ]
+        target = template.format(topic=pending.wire[0])
+        self._forwards.append(_Forward(state, pending, target, headers, "stale"))
+
+    def _service_forwards(self) -> None:
+        """Produce queued dead letters and stale events; each counts as finished only
+        once the broker acknowledged it, so a crash before that redelivers it."""
+        if self._producer is not None:
+            self._producer.poll(0)
+        if not self._forwards:
+            return
+        now = self._clock.monotonic()
+        due = [f for f in self._forwards if f.not_before <= now]
+        if not due:
+            return
+        self._forwards = [f for f in self._forwards if f.not_before > now]
+        producer = self._forwarder()
+        for forward in due:
+            if not forward.state.active:
+                continue
+            wire = forward.pending.wire
+            producer.produce(
+                forward.target,
+                value=wire[4],
+                key=wire[3],
+                headers=[*(wire[5] or []), *forward.headers],
+                timestamp=wire[6] or 0,
+                on_delivery=self._forward_callback(forward),
+            )
+        producer.poll(0)
+
+    def _forward_callback(self, forward: _Forward) -> Callable[[Any, Any], None]:
+        def delivered(error: Any, _message: Any) -> None:
+            if error is not None:
+                log.warning(
+                    "consumer group %s: cannot write to %s (%s); retrying",
+                    self.group,
+                    forward.target,
+                    error,
+                )
+                forward.not_before = self._clock.monotonic() + _FORWARD_RETRY_S
+                self._forwards.append(forward)
+                return
+            setattr(self._counters, forward.counter, getattr(self._counters, forward.counter) + 1)
+            self._finish(forward.state, forward.pending)
+
+        return delivered
+
+    def _forwarder(self) -> Any:
+        if self._producer is None:
+            self._producer = Producer(
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    **{
+                        k: v
+                        for k, v in self._settings.kafka.items()
+                        if k.startswith(("security.", "sasl.", "ssl."))
+                    },
+                }
+            )
+        return self._producer
+
+    # ----------------------------------------------------------------- offsets
+
+    def _commit(self, states: Iterable[tuple[TopicPartitionKey, _PartitionState]]) -> None:
+        offsets: list[TopicPartition] = []
+        by_key: dict[TopicPartitionKey, tuple[_PartitionState, int]] = {}
+        for key, state in states:
+            offset = state.offsets.committable()
+            if offset is not None and state.active:
+                offsets.append(TopicPartition(key[0], key[1], offset))
+                by_key[key] = (state, offset)
+        self._policy.committed()
+        if not offsets:
+            return
+        try:
+            results = self._kafka.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            log.warning("consumer group %s: commit failed: %s", self.group, exc)
+            for key in by_key:
+                self._commit_failed(key)
+            return
+        for result in results or ():
+            key = (result.topic, result.partition)
+            if key not in by_key:
+                continue
+            if result.error is not None:
+                log.warning(
+                    "consumer group %s: commit of %s failed: %s", self.group, key, result.error
+                )
+                self._commit_failed(key)
+            else:
+                by_key[key][0].offsets.mark_committed(by_key[key][1])
+        self._counters.commits += 1
+
+    def _commit_failed(self, key: TopicPartitionKey) -> None:
+        """Drop the partition's waiting events and fetch them again: the partition may
+        have moved to another member, whose work they would duplicate."""
+        self._counters.commit_failures += 1
+        state = self._partitions.get(key)
+        dropped = self._scheduler.drop_partition(key)
+        if state is None or not dropped:
+            return
+        self._release_held(state, len(dropped))
+        self._counters.dropped += len(dropped)
+        first = min(p.offset for p in dropped)
+        state.offsets.forget_from(first)
+        try:
+            self._kafka.seek(TopicPartition(key[0], key[1], first))
+        except KafkaException as exc:
+            log.warning("consumer group %s: cannot seek %s back: %s", self.group, key, exc)
+
+    def _release_held(self, state: _PartitionState, count: int) -> None:
+        state.held -= count
+        self._held -= count
+
+    def _hold_intake(self) -> bool:
+        """Back-pressure: True while this step must not call consume().
+
+        A full buffer first gets `pause_grace_s` to drain without a pause, because pausing
+        throws away what librdkafka prefetched and a resumed partition fetches again only
+        after up to a second; a buffer that stays full is paused, and consume() goes on
+        (returning nothing) so the member stays in its group however long handlers take.
+        """
+        limit = self._settings.max_buffered
+        if self._paused:
+            if self._held <= limit * self._settings.resume_fraction:
+                self._set_paused(False)
+            return False
+        if self._held < limit:
+            self._full_since = None
+            return False
+        now = self._clock.monotonic()
+        if self._full_since is None:
+            self._full_since = now
+        if now - self._full_since < self._settings.pause_grace_s:
+            return True
+        self._full_since = None
+        self._set_paused(True)
+        return False
+
+    def _set_paused(self, paused: bool) -> None:
+        assignment = self._kafka.assignment()
+        if assignment:
+            (self._kafka.pause if paused else self._kafka.resume)(assignment)
+        self._paused = paused
+        self._counters.pauses += paused
+
+    # ----------------------------------------------------------------- rebalances
+
+    def _on_assign(self, kafka: Any, partitions: list[TopicPartition]) -> None:
+        self._counters.rebalances += 1
+        try:
+            committed = kafka.committed(partitions, timeout=_COMMITTED_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning("consumer group %s: cannot read committed offsets: %s", self.group, exc)
+            committed = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+        for tp in committed:
+            start = tp.offset if tp.offset >= 0 else None
+            self._partitions[(tp.topic, tp.partition)] = _PartitionState(PartitionOffsets(start))
+        if self._paused:
+            kafka.pause(partitions)
+        log.info("consumer group %s: assigned %s", self.group, _names(partitions))
+        self._publish_status(force=True)
+        self._lag_wakeup.set()
+
+    def _on_revoke(self, kafka: Any, partitions: list[TopicPartition]) -> None:
+        self._release_partitions(partitions, commit=True)
+
+    def _on_lost(self, kafka: Any, partitions: list[TopicPartition]) -> None:
+        self._release_partitions(partitions, commit=False)
+
+    def _release_partitions(self, partitions: list[TopicPartition], *, commit: bool) -> None:
+        """Drop waiting events, give running ones `revoke_timeout_s` to finish, commit
+        what is done, and forget the rest: the next owner redelivers it."""
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        states = {key: self._partitions[key] for key in keys if key in self._partitions}
+        self._drop_waiting(states)
+        if commit:
+            deadline = self._clock.monotonic() + self._settings.revoke_timeout_s
+            while self._running_on(states.values()) and self._clock.monotonic() < deadline:
+                self._handle_pool_events(self._pool_events(0.05))
+            self._drop_waiting(states)
+            self._commit(states.items())
+        for key, state in states.items():
+            state.active = False
+            self._counters.abandoned += state.held
+            self._held -= state.held
+            del self._partitions[key]
+        self._forwards = [f for f in self._forwards if f.state.active]
+        log.info(
+            "consumer group %s: %s %s",
+            self.group,
+            "revoked" if commit else "lost",
+            _names(partitions),
+        )
+        self._publish_status(force=True)
+
+    def _drop_waiting(self, states: dict[TopicPartitionKey, _PartitionState]) -> None:
+        for key, state in states.items():
+            dropped = len(self._scheduler.drop_partition(key))
+            self._release_held(state, dropped)
+            self._counters.dropped += dropped
+
+    def _running_on(self, states: Iterable[_PartitionState]) -> bool:
+        wanted = {id(state) for state in states}
+        return any(id(s) in wanted for task in self._tasks.values() for s, _ in task.items)
+
+    # ----------------------------------------------------------------- shutdown
+
+    def _shutdown(self) -> None:
+        self._state = "stopping"
+        self._publish_status(force=True)
+        assignment = self._kafka.assignment()
+        if assignment:
+            self._kafka.pause(assignment)
+        self._drop_waiting(dict(self._partitions))
+        deadline = self._clock.monotonic() + self._settings.shutdown_timeout_s
+        while (self._tasks or self._forwards) and self._clock.monotonic() < deadline:
+            self._handle_pool_events(self._pool_events(0.05))
+            self._service_forwards()
+            # Keep the membership alive; anything fetched now is not taken.
+            self._kafka.consume(1, 0)
+            self._publish_status()
+        abandoned = sum(len(task.items) for task in self._tasks.values())
+        if abandoned:
+            log.warning("consumer group %s: abandoned %d running events", self.group, abandoned)
+        self._counters.abandoned += abandoned
+        self._tasks.clear()
+        assert self._pool is not None
+        self._pool.stop()
+        if self._producer is not None:
+            self._producer.flush(max(deadline - self._clock.monotonic(), 1.0))
+        self._commit(list(self._partitions.items()))
+        self._kafka.close()
+
+    def _abort(self) -> None:
+        if self._pool is not None:
+            self._pool.stop(timeout=1.0)
+        if self._kafka is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                self._kafka.close()
+
+    # ----------------------------------------------------------------- visibility
+
+    def _publish_status(self, force: bool = False) -> None:
+        now = self._clock.monotonic()
+        if not force and now < self._next_snapshot:
+            return
+        self._next_snapshot = now + _SNAPSHOT_EVERY_S
+        ends = self._shared.ends
+        partitions = tuple(
+            PartitionStatus(
+                key[0],
+                key[1],
+                state.offsets.position,
+                state.offsets.committed,
+                ends.get(key),
+                state.held,
+            )
+            for key, state in sorted(self._partitions.items())
+        )
+        starts = [task.started for task in self._tasks.values()]
+        self._shared.status = ConsumerStatus(
+            group=self.group,
+            state=self._state,
+            paused=self._paused,
+            buffered=self._held,
+            waiting=self._scheduler.waiting,
+            in_flight=sum(len(task.items) for task in self._tasks.values()),
+            oldest_in_flight_s=now - min(starts) if starts else None,
+            partitions=partitions,
+            counters=dataclasses.replace(self._counters),
+            taken_at=now,
+        )
+
+    def _lag_loop(self) -> None:
+        """Measure true end offsets on a timer, off the poll thread: the probe may take a
+        fetch round trip per partition, which the poll loop must never wait for."""
+        probe = KafkaConsumer(
+            {
+                "bootstrap.servers": self._bootstrap,
+                "group.id": f"{self.group}.lag-probe",
+                "enable.auto.commit": False,
+                **{
+                    k: v
+                    for k, v in self._settings.kafka.items()
+                    if k.startswith(("security.", "sasl.", "ssl."))
+                },
+            }
+        )
+        try:
+            while not self._stopped.is_set():
+                status = self._shared.status
+                keys = [(p.topic, p.partition) for p in status.partitions] if status else []
+                if keys:
+                    try:
+                        ends = true_end_offsets(probe, keys)
+                    except KafkaException as exc:
+                        log.debug("consumer group %s: end offsets: %s", self.group, exc)
+                    else:
+                        self._shared.ends = {**self._shared.ends, **ends}
+                self._lag_wakeup.wait(self._settings.lag_interval_s)
+                self._lag_wakeup.clear()
+        finally:
+            probe.close()
+
+
+def _names(partitions: Iterable[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}/{tp.partition}" for tp in partitions) or "nothing"

@@ -1,0 +1,44 @@
+"""Handlers that the consumer tests run in worker processes.
+
+Each appends one line per handled event to a file with a single O_APPEND write, so lines
+from concurrent workers never interleave and a SIGKILL cannot leave half a line.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from eventspool.consumer import Record
+
+
+def record_to(path: Path, record: Record) -> None:
+    """Line: event id, offset, worker pid, attempt."""
+    line = f"{record.event_id} {record.topic}/{record.partition}@{record.offset} "
+    line += f"{os.getpid()} {record.attempt}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def slow_record_to(path: Path, seconds: float, record: Record) -> None:
+    time.sleep(seconds)
+    record_to(path, record)
+
+
+def fail_on_poison(path: Path, record: Record) -> None:
+    """Raise on values starting with b"poison"; record the rest."""
+    if record.value is not None and record.value.startswith(b"poison"):
+        raise ValueError(f"poisoned value {record.value!r}")
+    record_to(path, record)
+
+
+def hang_on_victim(path: Path, started: Path, record: Record) -> None:
+    """The first attempt on b"victim" announces its pid and hangs until killed."""
+    if record.value == b"victim" and record.attempt == 1:
+        started.write_text(str(os.getpid()))
+        time.sleep(600)
+    record_to(path, record)
