@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ def fill_topic(bootstrap: str, topic: str, count: int) -> None:
         {"bootstrap.servers": bootstrap, "linger.ms": 20, "partitioner": "murmur2_random"}
     )
     for i in range(count):
-        headers = [("event_id", uuid.uuid4().hex.encode())]
+        headers: list[tuple[str, str | bytes | None]] = [("event_id", uuid.uuid4().hex)]
         while True:
             try:
                 producer.produce(topic, VALUE, key=f"user-{i % 10_000}", headers=headers)
@@ -153,7 +153,7 @@ def run(args: BenchArgs) -> dict[str, object]:
             ours_rates: list[float] = []
             anchor_rates: list[float] = []
             for rep in range(args.repeats):
-                pair = [
+                pair: list[tuple[str, Callable[[], float], list[float]]] = [
                     ("anchor", lambda: anchor(bootstrap, "noop", events), anchor_rates),
                     ("ours", lambda: ours(bootstrap, "noop", events, noop, 2), ours_rates),
                 ]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -15,6 +17,8 @@ from eventspool.agent.config import ConfigError, load_agent_config
 from eventspool.agent.service import run
 from eventspool.broker.cli import broker
 from eventspool.client.sync import AgentError, Client
+from eventspool.consumer import Consumer, ConsumerSettings, HandlerError, Ordering
+from eventspool.consumer.metrics import serve_metrics
 from eventspool.errors import EventspoolError, SpoolLockedError
 from eventspool.spool.inspect import QueueReport, SpoolReport, inspect_spool
 from eventspool.status import render_status
@@ -233,3 +237,123 @@ def status(socket_path: Path, interval: float, once: bool) -> None:
 
 
 main.add_command(broker)
+
+
+@main.command()
+@click.option("--group", required=True, help="Consumer group id.")
+@click.option("--topic", "topics", multiple=True, required=True, help="Topic (repeatable).")
+@click.option("--handler", required=True, help="module:function, called with each Record.")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option(
+    "--bootstrap-servers",
+    envvar="EVENTSPOOL_BOOTSTRAP_SERVERS",
+    default="127.0.0.1:9092",
+    show_default=True,
+    help="Kafka bootstrap list (env: EVENTSPOOL_BOOTSTRAP_SERVERS).",
+)
+@click.option(
+    "--ordering",
+    type=click.Choice([o.value for o in Ordering]),
+    default=Ordering.KEY.value,
+    show_default=True,
+    help="key: one event per key at a time; partition: one batch per partition; unordered.",
+)
+@click.option("--max-buffered", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--commit-every-n", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--commit-every-s", type=float, default=5.0, show_default=True)
+@click.option("--max-age", type=float, default=None, help="Skip events older than this (s).")
+@click.option("--stale-topic", default=None, help="Forward skipped events here ({topic}).")
+@click.option("--dead-letter-topic", default="{topic}.dlq", show_default=True)
+@click.option("--max-attempts", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--shutdown-timeout", type=float, default=30.0, show_default=True)
+@click.option(
+    "--kafka",
+    "kafka_options",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="librdkafka setting (repeatable), e.g. --kafka security.protocol=SSL.",
+)
+@click.option(
+    "--status-interval",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds between status lines on stderr (0: none).",
+)
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics here.")
+def consume(
+    *,
+    group: str,
+    topics: tuple[str, ...],
+    handler: str,
+    workers: int,
+    bootstrap_servers: str,
+    ordering: str,
+    max_buffered: int,
+    commit_every_n: int,
+    commit_every_s: float,
+    max_age: float | None,
+    stale_topic: str | None,
+    dead_letter_topic: str,
+    max_attempts: int,
+    shutdown_timeout: float,
+    kafka_options: tuple[str, ...],
+    status_interval: float,
+    metrics_port: int | None,
+) -> None:
+    """Run HANDLER on every event of the topics, in worker processes.
+
+    SIGTERM or Ctrl-C stops taking events, lets running handlers finish for up to
+    --shutdown-timeout seconds, commits what is done and leaves the group.
+    """
+    # Like `python -m`, resolve the handler's module from the current directory too.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    kafka: dict[str, str] = {}
+    for option in kafka_options:
+        name, sep, value = option.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{option!r}: expected NAME=VALUE", param_hint="--kafka")
+        kafka[name] = value
+    try:
+        settings = ConsumerSettings(
+            ordering=Ordering(ordering),
+            max_buffered=max_buffered,
+            commit_every_n=commit_every_n,
+            commit_every_s=commit_every_s,
+            max_age_s=max_age,
+            stale_topic=stale_topic,
+            dead_letter_topic=dead_letter_topic,
+            max_attempts=max_attempts,
+            shutdown_timeout_s=shutdown_timeout,
+            kafka=kafka,
+        )
+        consumer = Consumer(
+            group,
+            list(topics),
+            handler,
+            workers=workers,
+            bootstrap_servers=bootstrap_servers,
+            settings=settings,
+        )
+    except (ValueError, HandlerError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    done = threading.Event()
+    if status_interval > 0:
+        threading.Thread(
+            target=_print_status_lines, args=(consumer, status_interval, done), daemon=True
+        ).start()
+    try:
+        if metrics_port is not None:
+            serve_metrics(consumer, metrics_port)
+        final = consumer.run()
+    except EventspoolError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        done.set()
+    click.echo(f"stopped: {final.line()}", err=True)
+
+
+def _print_status_lines(consumer: Consumer, interval: float, done: threading.Event) -> None:
+    while not done.wait(interval):
+        click.echo(consumer.status().line(), err=True)

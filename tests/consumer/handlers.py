@@ -42,3 +42,20 @@ def hang_on_victim(path: Path, started: Path, record: Record) -> None:
         started.write_text(str(os.getpid()))
         time.sleep(600)
     record_to(path, record)
+
+
+OUT_ENV = "EVENTSPOOL_TEST_HANDLER_OUT"
+SLEEP_ENV = "EVENTSPOOL_TEST_HANDLER_SLEEP"
+
+
+def slow_from_env(record: Record) -> None:
+    """For the command line, which takes `module:function` only: the output file and the
+    sleep come from the environment the workers inherit. A `.start` line marks the start."""
+    path = Path(os.environ[OUT_ENV])
+    fd = os.open(path.with_suffix(".start"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{record.event_id}\n".encode())
+    finally:
+        os.close(fd)
+    time.sleep(float(os.environ[SLEEP_ENV]))
+    record_to(path, record)

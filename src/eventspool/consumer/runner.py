@@ -17,6 +17,7 @@ import logging
 import math
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
@@ -58,6 +59,7 @@ _IDLE_POLL_S = 0.1
 _BUSY_POLL_S = 0.002
 _MAX_CONSUME = 1000
 _SNAPSHOT_EVERY_S = 0.25
+_BATCH_TARGET_S = 0.05
 _FORWARD_RETRY_S = 1.0
 _COMMITTED_TIMEOUT_S = 10.0
 _FORCED_KAFKA = {"enable.auto.commit": False, "enable.auto.offset.store": False}
@@ -107,8 +109,8 @@ class PartitionStatus:
 
 @dataclass(frozen=True, slots=True)
 class ConsumerStatus:
-    """A snapshot the poll thread publishes every quarter second; `taken_at` is its
-    clock's monotonic time, so two snapshots give exact rates."""
+    """A snapshot the poll thread publishes every quarter second; `taken_at` is
+    `time.monotonic()` when it was taken, so two snapshots give exact rates."""
 
     group: str
     state: str
@@ -224,6 +226,7 @@ class Consumer:
         self._held = 0
         self._paused = False
         self._full_since: float | None = None
+        self._event_seconds: float | None = None
         self._state = "created"
         self._shared = _Shared()
         self._next_snapshot = 0.0
@@ -235,6 +238,7 @@ class Consumer:
         self._producer: Any = None
         self._pool: WorkerPool | None = None
         self._threads: list[threading.Thread] = []
+        self._publish_status(force=True)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -328,7 +332,7 @@ class Consumer:
 
     def status(self) -> ConsumerStatus:
         status = self._shared.status
-        assert status is not None, "status() before start()"
+        assert status is not None  # published from __init__ on
         return status
 
     def worker_pids(self) -> list[int | None]:
@@ -395,7 +399,11 @@ class Consumer:
         if not idle:
             return
         now = self._clock.monotonic()
-        per_worker = min(self._settings.max_batch, math.ceil(self._scheduler.waiting / len(idle)))
+        per_worker = min(
+            self._settings.max_batch,
+            math.ceil(self._scheduler.waiting / len(idle)),
+            self._batch_for_handler_time(),
+        )
         for index in idle:
             batch = self._scheduler.take(per_worker, now)
             if not batch:
@@ -410,8 +418,21 @@ class Consumer:
                     items.append((state, pending))
             if items:
                 task_id = next(self._task_ids)
-                self._tasks[task_id] = _Task(items, now)
+                self._tasks[task_id] = _Task(items, time.monotonic())
                 self._pool.submit(index, task_id, [(p.wire, p.attempt) for _, p in items])
+
+    def _batch_for_handler_time(self) -> int:
+        """Events per batch so that a batch takes about `_BATCH_TARGET_S`: fast handlers
+        get big batches (one pipe round trip for many events), slow ones single events,
+        so a finished event is reported (and committable) soon after it finished."""
+        if self._event_seconds is None:
+            return 1
+        return max(1, int(_BATCH_TARGET_S / max(self._event_seconds, 1e-9)))
+
+    def _learn_handler_time(self, task: _Task) -> None:
+        per_event = (time.monotonic() - task.started) / len(task.items)
+        previous = self._event_seconds
+        self._event_seconds = per_event if previous is None else 0.8 * previous + 0.2 * per_event
 
     def _is_stale(self, pending: Pending) -> bool:
         max_age = self._settings.max_age_s
@@ -426,6 +447,7 @@ class Consumer:
         for event in events:
             if isinstance(event, TaskDone):
                 task = self._tasks.pop(event.task_id)
+                self._learn_handler_time(task)
                 failures = event.failures or {}
                 for index, (state, pending) in enumerate(task.items):
                     self._scheduler.release(pending)
@@ -527,7 +549,7 @@ class Consumer:
             self._producer.poll(0)
         if not self._forwards:
             return
-        now = self._clock.monotonic()
+        now = time.monotonic()
         due = [f for f in self._forwards if f.not_before <= now]
         if not due:
             return
@@ -556,7 +578,7 @@ class Consumer:
                     forward.target,
                     error,
                 )
-                forward.not_before = self._clock.monotonic() + _FORWARD_RETRY_S
+                forward.not_before = time.monotonic() + _FORWARD_RETRY_S
                 self._forwards.append(forward)
                 return
             setattr(self._counters, forward.counter, getattr(self._counters, forward.counter) + 1)
@@ -650,7 +672,7 @@ class Consumer:
         if self._held < limit:
             self._full_since = None
             return False
-        now = self._clock.monotonic()
+        now = time.monotonic()
         if self._full_since is None:
             self._full_since = now
         if now - self._full_since < self._settings.pause_grace_s:
@@ -697,8 +719,8 @@ class Consumer:
         states = {key: self._partitions[key] for key in keys if key in self._partitions}
         self._drop_waiting(states)
         if commit:
-            deadline = self._clock.monotonic() + self._settings.revoke_timeout_s
-            while self._running_on(states.values()) and self._clock.monotonic() < deadline:
+            deadline = time.monotonic() + self._settings.revoke_timeout_s
+            while self._running_on(states.values()) and time.monotonic() < deadline:
                 self._handle_pool_events(self._pool_events(0.05))
             self._drop_waiting(states)
             self._commit(states.items())
@@ -735,8 +757,8 @@ class Consumer:
         if assignment:
             self._kafka.pause(assignment)
         self._drop_waiting(dict(self._partitions))
-        deadline = self._clock.monotonic() + self._settings.shutdown_timeout_s
-        while (self._tasks or self._forwards) and self._clock.monotonic() < deadline:
+        deadline = time.monotonic() + self._settings.shutdown_timeout_s
+        while (self._tasks or self._forwards) and time.monotonic() < deadline:
             self._handle_pool_events(self._pool_events(0.05))
             self._service_forwards()
             # Keep the membership alive; anything fetched now is not taken.
@@ -750,7 +772,7 @@ class Consumer:
         assert self._pool is not None
         self._pool.stop()
         if self._producer is not None:
-            self._producer.flush(max(deadline - self._clock.monotonic(), 1.0))
+            self._producer.flush(max(deadline - time.monotonic(), 1.0))
         self._commit(list(self._partitions.items()))
         self._kafka.close()
 
@@ -764,7 +786,7 @@ class Consumer:
     # ----------------------------------------------------------------- visibility
 
     def _publish_status(self, force: bool = False) -> None:
-        now = self._clock.monotonic()
+        now = time.monotonic()
         if not force and now < self._next_snapshot:
             return
         self._next_snapshot = now + _SNAPSHOT_EVERY_S

@@ -1,0 +1,367 @@
+"""The Consumer against the real embedded broker, real worker processes and real signals."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventspool.broker import LocalBroker
+from eventspool.clock import SYSTEM_CLOCK, Clock, ManualClock
+from eventspool.consumer import Consumer, ConsumerSettings, HandlerError, Record
+from eventspool.consumer.runner import DEAD_LETTER_HEADERS
+from tests.consumer.conftest import (
+    GROUP_KAFKA,
+    committed,
+    handled,
+    handled_attempts,
+    produce,
+    read_topic,
+    wait_for,
+)
+from tests.consumer.handlers import (
+    OUT_ENV,
+    SLEEP_ENV,
+    fail_on_poison,
+    hang_on_victim,
+    record_to,
+    slow_record_to,
+)
+
+pytestmark = pytest.mark.timeout(300)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_consumer(
+    broker: LocalBroker,
+    topic: str,
+    handler: Any,
+    *,
+    group: str | None = None,
+    workers: int = 2,
+    clock: Clock = SYSTEM_CLOCK,
+    kafka: dict[str, Any] | None = None,
+    **settings: Any,
+) -> Consumer:
+    return Consumer(
+        group or f"group-{uuid.uuid4().hex[:8]}",
+        [topic],
+        handler,
+        workers=workers,
+        bootstrap_servers=broker.bootstrap_servers,
+        settings=ConsumerSettings(kafka={**GROUP_KAFKA, **(kafka or {})}, **settings),
+        clock=clock,
+    )
+
+
+def test_every_event_is_handled_once_in_key_order_and_committed_to_the_true_end(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(3)
+    count = 3000
+    keys = [f"user-{i % 20}".encode() for i in range(count)]
+    ids = produce(broker.bootstrap_servers, topic, [b"v"] * count, keys=keys)
+    out = tmp_path / "handled"
+    consumer = make_consumer(
+        broker, topic, functools.partial(record_to, out), commit_every_s=0.2, lag_interval_s=0.3
+    )
+    with consumer:
+        wait_for(lambda: consumer.status().counters.processed == count, 60, "every event")
+        wait_for(lambda: consumer.status().lag == 0, 20, "lag 0 from the true end offsets")
+        status = consumer.status()
+        ends = {p.partition: p.end for p in status.partitions}
+        wait_for(
+            lambda: committed(broker.bootstrap_servers, consumer.group, topic, 3) == ends,
+            20,
+            "commits up to the end",
+        )
+    assert handled(out) == Counter(dict.fromkeys(ids, 1))
+    assert sum(end or 0 for end in ends.values()) == count, "end offsets must be exact"
+    key_of = dict(zip(ids, keys, strict=True))
+    offsets_per_key: dict[bytes, list[int]] = {}
+    for line in out.read_text().splitlines():
+        event_id, where, _pid, _attempt = line.split()
+        offsets_per_key.setdefault(key_of[event_id], []).append(int(where.rsplit("@", 1)[1]))
+    for key, offsets in offsets_per_key.items():
+        assert offsets == sorted(offsets), f"key {key!r} handled out of order"
+
+
+@pytest.mark.slow
+def test_a_handler_three_times_max_poll_interval_keeps_the_member_in_its_group(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(2)
+    ids = produce(broker.bootstrap_servers, topic, [b"a", b"b"], keys=[b"k1", b"k2"])
+    out = tmp_path / "handled"
+    max_poll_ms = 3000
+    consumer = make_consumer(
+        broker,
+        topic,
+        functools.partial(slow_record_to, out, 3 * max_poll_ms / 1000),
+        kafka={"max.poll.interval.ms": max_poll_ms},
+        commit_every_s=0.2,
+    )
+    with consumer:
+        wait_for(lambda: consumer.status().counters.processed == 2, 60, "both slow events")
+        time.sleep(1.0)
+        status = consumer.status()
+    assert status.counters.rebalances == 1, "the member was expelled and rejoined"
+    assert status.counters.abandoned == 0
+    assert handled(out) == Counter(dict.fromkeys(ids, 1))
+    offsets = committed(broker.bootstrap_servers, consumer.group, topic, 2).values()
+    assert sum(max(offset, 0) for offset in offsets) == 2
+
+
+@pytest.mark.slow
+def test_two_members_joining_and_leaving_lose_nothing_and_duplicate_little(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(4)
+    total = 100_000
+    group = f"group-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "handled"
+    max_buffered = 500
+    members = [
+        make_consumer(
+            broker,
+            topic,
+            functools.partial(record_to, out),
+            group=group,
+            workers=1,
+            max_buffered=max_buffered,
+            commit_every_s=0.5,
+        )
+        for _ in range(2)
+    ]
+    first, second = members
+    first.start()
+    ids: list[str] = []
+    for chunk in range(10):
+        ids += produce(broker.bootstrap_servers, topic, [b"e"] * (total // 10))
+        if chunk == 2:
+            wait_for(lambda: first.status().counters.processed > 0, 60, "the first member")
+            second.start()
+        if chunk == 6:
+            wait_for(lambda: second.status().counters.processed > 0, 60, "the second member")
+    wait_for(lambda: len(handled(out)) >= 0.6 * total, 120, "60% handled")
+    second.stop()
+    wait_for(lambda: set(ids) <= handled(out).keys(), 180, "every event handled")
+    first.stop()
+    counts = handled(out)
+    duplicates = sum(n - 1 for n in counts.values())
+    rebalances = first.status().counters.rebalances + second.status().counters.rebalances
+    print(f"{total} events, {duplicates} duplicates, {rebalances} assignments")
+    assert not set(ids) - counts.keys()
+    assert second.status().counters.processed > 0
+    assert duplicates <= 2 * 2 * max_buffered, "more duplicates than the in-flight bound"
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_sigkill_of_a_worker_mid_handler_retries_the_event_and_only_then_commits_past_it(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(1)
+    values = [b"before"] * 5 + [b"victim"] + [b"after"] * 5
+    ids = produce(broker.bootstrap_servers, topic, values, partition=0)
+    out, started = tmp_path / "handled", tmp_path / "victim.pid"
+    consumer = make_consumer(
+        broker,
+        topic,
+        functools.partial(hang_on_victim, out, started),
+        ordering="unordered",
+        max_batch=1,
+        commit_every_n=1,
+        commit_every_s=0.1,
+    )
+
+    def committed_offset() -> int:
+        return committed(broker.bootstrap_servers, consumer.group, topic, 1)[0]
+
+    with consumer:
+        wait_for(started.exists, 30, "the victim's handler to start")
+        wait_for(lambda: consumer.status().counters.processed == 10, 30, "the other events")
+        wait_for(lambda: committed_offset() == 5, 10, "a commit up to the victim")
+        time.sleep(0.5)
+        assert committed_offset() == 5, "committed past an event still running"
+        os.kill(int(started.read_text()), signal.SIGKILL)
+        wait_for(lambda: consumer.status().counters.processed == 11, 30, "the retried victim")
+        wait_for(lambda: committed_offset() == 11, 10, "a commit past the victim")
+        assert consumer.status().counters.worker_restarts == 1
+    attempts = handled_attempts(out)
+    assert attempts.pop(ids[5]) == [2]
+    assert attempts == {event_id: [1] for event_id in ids if event_id != ids[5]}
+
+
+def test_commits_happen_every_n_events_or_t_seconds_of_the_injected_clock(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(1)
+    produce(broker.bootstrap_servers, topic, [b"e"] * 12, partition=0)
+    clock = ManualClock(start_ms=time.time_ns() // 1_000_000)
+    consumer = make_consumer(
+        broker,
+        topic,
+        functools.partial(record_to, tmp_path / "handled"),
+        workers=1,
+        clock=clock,
+        max_batch=1,
+        commit_every_n=5,
+        commit_every_s=3600,
+    )
+
+    def committed_offset() -> int:
+        return committed(broker.bootstrap_servers, consumer.group, topic, 1)[0]
+
+    with consumer:
+        wait_for(lambda: consumer.status().counters.processed == 12, 30, "every event")
+        wait_for(lambda: committed_offset() == 10, 10, "the count-triggered commits")
+        time.sleep(1.0)
+        assert committed_offset() == 10, "committed without N events or T seconds"
+        clock.advance(3600)
+        wait_for(lambda: committed_offset() == 12, 10, "the time-triggered commit")
+
+
+def test_stale_events_are_skipped_counted_and_forwarded(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(1)
+    an_hour_ago = time.time_ns() // 1_000_000 - 3_600_000
+    stale = produce(broker.bootstrap_servers, topic, [b"old"] * 5, timestamp_ms=an_hour_ago)
+    fresh = produce(broker.bootstrap_servers, topic, [b"new"] * 5)
+    out = tmp_path / "handled"
+    consumer = make_consumer(
+        broker,
+        topic,
+        functools.partial(record_to, out),
+        max_age_s=60,
+        stale_topic="{topic}.stale",
+        commit_every_s=0.1,
+    )
+    with consumer:
+        wait_for(lambda: consumer.status().counters.stale == 5, 30, "the stale events")
+        wait_for(lambda: consumer.status().counters.processed == 5, 30, "the fresh events")
+        wait_for(
+            lambda: committed(broker.bootstrap_servers, consumer.group, topic, 1)[0] == 10,
+            10,
+            "a commit past the stale events",
+        )
+    assert handled(out).keys() == set(fresh)
+    forwarded = read_topic(broker.bootstrap_servers, f"{topic}.stale", 5)
+    assert sorted(dict(m.headers())["event_id"].decode() for m in forwarded) == sorted(stale)
+    assert all(int(dict(m.headers())["stale.age_ms"]) >= 3_600_000 for m in forwarded)
+
+
+def test_a_poisoned_event_is_retried_then_dead_lettered_with_error_headers(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(1)
+    values = [b"ok-0", b"poison-1", b"ok-2"]
+    ids = produce(broker.bootstrap_servers, topic, values, keys=[b"k"] * 3)
+    out = tmp_path / "handled"
+    consumer = make_consumer(
+        broker,
+        topic,
+        functools.partial(fail_on_poison, out),
+        max_attempts=3,
+        retry_backoff_s=0.05,
+        commit_every_s=0.1,
+    )
+    with consumer:
+        wait_for(lambda: consumer.status().counters.dead_lettered == 1, 30, "a dead letter")
+        wait_for(lambda: consumer.status().counters.processed == 2, 30, "the good events")
+        wait_for(
+            lambda: committed(broker.bootstrap_servers, consumer.group, topic, 1)[0] == 3,
+            10,
+            "a commit past the dead letter",
+        )
+        counters = consumer.status().counters
+    assert (counters.failed, counters.retried) == (3, 2)
+    assert list(handled(out)) == [ids[0], ids[2]], "key order must hold across retries"
+    (letter,) = read_topic(broker.bootstrap_servers, f"{topic}.dlq", 1)
+    headers = dict(letter.headers())
+    assert letter.value() == b"poison-1"
+    assert headers["event_id"].decode() == ids[1]
+    assert set(DEAD_LETTER_HEADERS) <= headers.keys()
+    assert headers["dlq.error.type"] == b"ValueError"
+    assert b"poisoned value" in headers["dlq.error.message"]
+    assert b"Traceback" in headers["dlq.error.traceback"]
+    assert (headers["dlq.original.offset"], headers["dlq.attempts"]) == (b"1", b"3")
+
+
+def _consume_cli(
+    broker: LocalBroker, group: str, topic: str, out: Path, *, sleep: float, deadline: float
+) -> Any:
+    env = {**os.environ, OUT_ENV: str(out), SLEEP_ENV: str(sleep)}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "eventspool",
+            "consume",
+            "--group",
+            group,
+            "--topic",
+            topic,
+            "--handler",
+            "tests.consumer.handlers:slow_from_env",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--shutdown-timeout",
+            str(deadline),
+            *(arg for name, value in GROUP_KAFKA.items() for arg in ("--kafka", f"{name}={value}")),
+            "--commit-every-s",
+            "0.1",
+        ],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("deadline", "finished"), [(30.0, True), (0.5, False)])
+def test_sigterm_finishes_running_handlers_within_the_deadline_or_abandons_them(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path, deadline: float, finished: bool
+) -> None:
+    topic = topic_factory(1)
+    ids = produce(broker.bootstrap_servers, topic, [b"a", b"b"], partition=0)
+    out = tmp_path / "handled"
+    group = f"cli-{uuid.uuid4().hex[:8]}"
+    process = _consume_cli(broker, group, topic, out, sleep=3.0, deadline=deadline)
+    try:
+        wait_for(lambda: out.with_suffix(".start").exists(), 60, "a handler to start")
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr
+    assert "stopped:" in stderr
+    offset = committed(broker.bootstrap_servers, group, topic, 1)[0]
+    if finished:
+        assert handled(out) == Counter(dict.fromkeys(ids, 1))
+        assert offset == 2, "what finished must be committed"
+    else:
+        assert not handled(out), "a handler outlived the shutdown deadline"
+        assert offset <= 0, "nothing finished, so nothing may be committed past it"
+
+
+def test_a_handler_that_cannot_be_imported_is_a_clear_error() -> None:
+    with pytest.raises(HandlerError, match="no 'missing'"):
+        Consumer("g", ["t"], "tests.consumer.handlers:missing")
+
+
+def test_records_carry_the_envelope_identity() -> None:
+    record = Record("t", 0, 5, b"k", b"v", [("event_id", b"a"), ("x", b"1")], 7, "a")
+    assert record.header("x") == b"1"
+    assert record.header("missing") is None
