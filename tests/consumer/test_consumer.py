@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from eventspool.broker import LocalBroker
 from eventspool.clock import SYSTEM_CLOCK, Clock, ManualClock
 from eventspool.consumer import Consumer, ConsumerSettings, HandlerError, Record
+from eventspool.consumer.metrics import ConsumerCollector
 from eventspool.consumer.runner import DEAD_LETTER_HEADERS
 from tests.consumer.conftest import (
     GROUP_KAFKA,
@@ -78,6 +80,9 @@ def test_every_event_is_handled_once_in_key_order_and_committed_to_the_true_end(
         wait_for(lambda: consumer.status().counters.processed == count, 60, "every event")
         wait_for(lambda: consumer.status().lag == 0, 20, "lag 0 from the true end offsets")
         status = consumer.status()
+        registry = CollectorRegistry()
+        registry.register(ConsumerCollector(consumer))
+        metrics = generate_latest(registry).decode()
         ends = {p.partition: p.end for p in status.partitions}
         wait_for(
             lambda: committed(broker.bootstrap_servers, consumer.group, topic, 3) == ends,
@@ -86,6 +91,12 @@ def test_every_event_is_handled_once_in_key_order_and_committed_to_the_true_end(
         )
     assert handled(out) == Counter(dict.fromkeys(ids, 1))
     assert sum(end or 0 for end in ends.values()) == count, "end offsets must be exact"
+    lag_labels = f'group="{consumer.group}",partition="0",topic="{topic}"'
+    assert f"eventspool_consumer_lag{{{lag_labels}}} 0.0" in metrics
+    assert (
+        f'eventspool_consumer_events_total{{group="{consumer.group}",outcome="processed"}} 3000.0'
+        in metrics
+    )
     key_of = dict(zip(ids, keys, strict=True))
     offsets_per_key: dict[bytes, list[int]] = {}
     for line in out.read_text().splitlines():
