@@ -147,6 +147,7 @@ class RpcClient:
         self._deadlines: list[tuple[float, str]] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._admin_client: Any = None
         self.counters = RpcClientCounters()
         if self._owns_topic:
             self._create_reply_topic()
@@ -269,12 +270,17 @@ class RpcClient:
     # ----------------------------------------------------------------- topic set-up
 
     def _admin(self) -> Any:
-        return AdminClient({"bootstrap.servers": self._bootstrap, **self._security})
+        """One admin client for the topic's creation and deletion: each must outlive its
+        requests, or librdkafka cancels them (and logs about it)."""
+        if self._admin_client is None:
+            self._admin_client = AdminClient(
+                {"bootstrap.servers": self._bootstrap, **self._security}
+            )
+        return self._admin_client
 
     def _create_reply_topic(self) -> None:
         topic = NewTopic(self.reply_topic, num_partitions=1, replication_factor=1)
-        admin = self._admin()  # must outlive the request, or it is cancelled
-        future = admin.create_topics([topic], request_timeout=_SETUP_TIMEOUT_S)
+        future = self._admin().create_topics([topic], request_timeout=_SETUP_TIMEOUT_S)
         try:
             future[self.reply_topic].result(_SETUP_TIMEOUT_S)
         except KafkaException as exc:
@@ -319,12 +325,12 @@ class RpcClient:
         self._thread.join()
         self._kafka.close()
         if self._owns_topic:
-            admin = self._admin()
-            futures = admin.delete_topics([self.reply_topic], request_timeout=5.0)
+            futures = self._admin().delete_topics([self.reply_topic], request_timeout=5.0)
             try:
                 futures[self.reply_topic].result(5.0)
             except KafkaException as exc:
                 log.warning("cannot delete reply topic %s: %s", self.reply_topic, exc)
+        self._admin_client = None
 
     def __enter__(self) -> Self:
         return self
