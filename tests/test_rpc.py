@@ -74,7 +74,7 @@ def test_a_call_nobody_answers_times_out_with_a_clear_error(
     with pytest.raises(RpcTimeoutError) as caught:
         client.call(topic, b"anyone?", timeout=1.0)
     elapsed = time.monotonic() - started
-    assert 1.0 <= elapsed < 2.0
+    assert 1.0 <= elapsed < 3.0
     error = caught.value
     assert error.topic == topic
     assert error.timeout == 1.0
