@@ -20,8 +20,8 @@ test: $(STAMP) lint
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 
 unit: $(STAMP)
