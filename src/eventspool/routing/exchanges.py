@@ -60,13 +60,21 @@ def validate_routing_key(key: object) -> str:
     """A routing key is any text of at most 255 bytes in UTF-8; raises InvalidEventError."""
     if not isinstance(key, str):
         raise InvalidEventError(f"routing_key must be a str, got {type(key).__name__}")
+    routing_key_bytes(key)
+    return key
+
+
+def routing_key_bytes(key: str) -> bytes:
+    """A str routing key as UTF-8, checked as `validate_routing_key` checks it."""
     try:
-        size = len(key.encode())
+        raw = key.encode()
     except UnicodeEncodeError as exc:
         raise InvalidEventError(f"routing_key is not encodable as UTF-8: {exc.reason}") from None
-    if size > MAX_KEY_BYTES:
-        raise InvalidEventError(f"routing_key of {size} bytes; at most {MAX_KEY_BYTES} are allowed")
-    return key
+    if len(raw) > MAX_KEY_BYTES:
+        raise InvalidEventError(
+            f"routing_key of {len(raw)} bytes; at most {MAX_KEY_BYTES} are allowed"
+        )
+    return raw
 
 
 @dataclass(frozen=True, slots=True)

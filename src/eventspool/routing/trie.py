@@ -31,7 +31,7 @@ def words(key: str) -> list[str]:
 
 
 class _Node(Generic[T]):
-    __slots__ = ("closure", "hash", "is_hash", "star", "values", "words")
+    __slots__ = ("any_word", "closure", "hash", "is_hash", "star", "values", "words")
 
     def __init__(self, is_hash: bool) -> None:
         self.words: dict[str, _Node[T]] = {}
@@ -39,9 +39,12 @@ class _Node(Generic[T]):
         self.hash: _Node[T] | None = None
         self.is_hash = is_hash
         self.values: frozenset[T] = frozenset()
-        # This node and the `#` nodes below it that match zero words: entering one
-        # enters them all. Filled in once the trie is complete.
+        # Filled in once the trie is complete. `closure`: this node and the `#` nodes
+        # below it, which match zero words: entering one enters them all. `any_word`:
+        # the nodes entered on any next word, whatever it is (through `*`, or staying
+        # in a `#` node).
         self.closure: tuple[_Node[T], ...] = ()
+        self.any_word: tuple[_Node[T], ...] = ()
 
     def child(self, word: str) -> _Node[T]:
         if word == HASH:
@@ -92,10 +95,8 @@ class TopicTrie(Generic[T]):
                     child = node.words.get(word)
                     if child is not None:
                         following.update(child.closure)
-                    if node.star is not None:
-                        following.update(node.star.closure)
-                    if node.is_hash:
-                        following.update(node.closure)
+                    if node.any_word:
+                        following.update(node.any_word)
                 if not following:
                     return frozenset()
                 states = following
@@ -107,10 +108,12 @@ class TopicTrie(Generic[T]):
 
 
 def _close_over(root: _Node[T]) -> None:
-    """Fill in every node's closure, iteratively: binding keys may have a hundred words."""
+    """Fill in every node's closures, iteratively: binding keys may have a hundred words."""
+    nodes = []
     stack = [root]
     while stack:
         node = stack.pop()
+        nodes.append(node)
         chain = [node]
         below = node.hash
         while below is not None:
@@ -122,3 +125,6 @@ def _close_over(root: _Node[T]) -> None:
             stack.append(node.star)
         if node.hash is not None:
             stack.append(node.hash)
+    for node in nodes:  # every closure is known now
+        reached = node.star.closure if node.star is not None else ()
+        node.any_word = reached + node.closure if node.is_hash else reached

@@ -12,7 +12,7 @@ from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import SenderSettings, SpoolSettings, validate_topic
 from eventspool.envelope import EventIdGenerator, HeadersInput, encode, normalize_headers
 from eventspool.errors import EventTooLargeError, InvalidEventError, SpoolClosedError
-from eventspool.routing.exchanges import Exchange, validate_routing_key
+from eventspool.routing.exchanges import Exchange, routing_key_bytes, validate_routing_key
 from eventspool.routing.table import ExchangeCounts, ExchangeInfo, ExchangeTable
 from eventspool.sender.sender import Sender
 from eventspool.spool.lock import OwnerLock
@@ -157,7 +157,9 @@ class Spool:
         """
         if self._closed:
             raise SpoolClosedError(f"spool {self.directory} is closed")
-        validate_routing_key(routing_key)
+        if type(routing_key) is not str:
+            validate_routing_key(routing_key)
+        raw_routing_key = routing_key_bytes(routing_key)
         route = self._exchanges.route(exchange, routing_key)
         if value is not None and type(value) is not bytes:
             raise _bad_value(value, "exchange", exchange)
@@ -165,7 +167,7 @@ class Spool:
             key = _text_key(key, "exchange", exchange)
         header_list = normalize_headers(headers) or []
         header_list.append(("exchange", exchange.encode()))
-        header_list.append(("routing_key", routing_key.encode()))
+        header_list.append(("routing_key", raw_routing_key))
         now = self._clock.now_ms()
         event_id = self._ids.next_id(now)
         payload = encode(event_id.encode(), now, key, value, header_list)
