@@ -4,6 +4,7 @@ Directory layout::
 
     DIR/LOCK                           owner lock (see lock.py)
     DIR/partitions.json                partition count per topic, as last learned
+    DIR/exchanges.json                 runtime exchange declarations (routing/table.py)
     DIR/topics/<topic>/<n>.queue       ring of partition n
     DIR/topics/<topic>/pending.queue   events of a topic whose partition count is unknown
 
