@@ -120,6 +120,10 @@ def test_argument_errors(tmp_path: Path) -> None:
             spool.send(None, b"v", exchange="nope")
         with pytest.raises(UnroutableError, match="matches no binding"):
             spool.send(None, b"v", exchange="strict", routing_key="other")
+        with pytest.raises(InvalidEventError, match="value for exchange 'strict' must be bytes"):
+            spool.send(None, "v", exchange="strict", routing_key="unroutable")  # type: ignore[arg-type]
+        with pytest.raises(InvalidEventError, match="exchange must be a str, got list"):
+            spool.send(None, b"v", exchange=["strict"])  # type: ignore[arg-type]
         with pytest.raises(InvalidEventError, match="routing_key must be a str"):
             spool.send(None, b"v", exchange="strict", routing_key=b"k")  # type: ignore[arg-type]
         with pytest.raises(InvalidEventError, match="value for exchange 'strict' must be bytes"):

@@ -158,14 +158,16 @@ class Spool:
         """
         if self._closed:
             raise SpoolClosedError(f"spool {self.directory} is closed")
+        if type(exchange) is not str:
+            raise InvalidEventError(f"exchange must be a str, got {type(exchange).__name__}")
         if type(routing_key) is not str:
             validate_routing_key(routing_key)
         raw_routing_key = routing_key_bytes(routing_key)
-        route = self._exchanges.route(exchange, routing_key)
         if value is not None and type(value) is not bytes:
             raise _bad_value(value, "exchange", exchange)
         if key is not None and type(key) is not bytes:
             key = _text_key(key, "exchange", exchange)
+        route = self._exchanges.route(exchange, routing_key)
         header_list = normalize_headers(headers) or []
         header_list.append(("exchange", exchange.encode()))
         header_list.append(("routing_key", raw_routing_key))
