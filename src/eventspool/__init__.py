@@ -7,12 +7,16 @@ from eventspool.errors import (
     CorruptQueueError,
     EventspoolError,
     EventTooLargeError,
+    ExchangeConflictError,
     InvalidEventError,
+    InvalidExchangeError,
     InvalidTopicError,
     QueueFileError,
     SpoolClosedError,
     SpoolFullError,
     SpoolLockedError,
+    UnknownExchangeError,
+    UnroutableError,
 )
 from eventspool.spool.api import Spool
 
@@ -21,8 +25,10 @@ __all__ = [
     "Durability",
     "EventTooLargeError",
     "EventspoolError",
+    "ExchangeConflictError",
     "FullPolicy",
     "InvalidEventError",
+    "InvalidExchangeError",
     "InvalidTopicError",
     "QueueFileError",
     "QueueSettings",
@@ -31,6 +37,8 @@ __all__ = [
     "SpoolFullError",
     "SpoolLockedError",
     "SpoolSettings",
+    "UnknownExchangeError",
+    "UnroutableError",
 ]
 
 # A library logs; the application decides where that goes (no lastResort output).

@@ -46,3 +46,26 @@ class QueueFileError(EventspoolError):
 
 class CorruptQueueError(QueueFileError):
     """The header of a queue file is damaged; the file is left untouched for inspection."""
+
+
+class InvalidExchangeError(EventspoolError, ValueError):
+    """An exchange declaration is unacceptable: bad name, type, binding key or topic."""
+
+
+class UnknownExchangeError(InvalidEventError):
+    """`send()` named an exchange that is not declared; nothing was written."""
+
+
+class UnroutableError(EventspoolError):
+    """The event matched no binding and its exchange has no alternate topic.
+
+    Nothing was written; the event is counted as refused. Configure `alternate_topic`
+    to keep such events instead.
+    """
+
+
+class ExchangeConflictError(EventspoolError):
+    """A runtime declaration or deletion of an exchange that the configuration declares.
+
+    The configuration is the source of truth for the exchanges it names: change them there.
+    """

@@ -70,6 +70,24 @@ class SpoolCollector(Collector):
             dropped.add_metric([*key, "drop_oldest"], stats.dropped)
             dropped.add_metric([*key, "recovery_skipped"], stats.skipped_total)
         yield from (depth, size, age, enqueued, acked, dropped)
+        routed = CounterMetricFamily(
+            "eventspool_exchange_routed",
+            "Events an exchange wrote to the topics bound to it (once per event, not per topic).",
+            labels=["exchange"],
+        )
+        unroutable = CounterMetricFamily(
+            "eventspool_events_unroutable",
+            "Events that matched no binding of their exchange: written to its alternate "
+            "topic, or refused to the caller when it has none.",
+            labels=["exchange", "outcome"],
+        )
+        counts_by_name = {info.exchange.name: info.counts for info in self._spool.exchanges()}
+        counts_by_name.update(self._spool.exchange_counts())  # deleted exchanges too
+        for name, counts in sorted(counts_by_name.items()):
+            routed.add_metric([name], counts.routed)
+            unroutable.add_metric([name, "alternate"], counts.alternate)
+            unroutable.add_metric([name, "refused"], counts.refused)
+        yield from (routed, unroutable)
         sender = self._spool.sender
         connected = GaugeMetricFamily(
             "eventspool_broker_connected", "1 while a broker answers metadata."

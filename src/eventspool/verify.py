@@ -83,3 +83,18 @@ def ledger(sent: Collection[str], seen: Counter[str]) -> Ledger:
     delivered = sum(1 for event_id in wanted if seen[event_id])
     duplicated = sum(count - 1 for event_id, count in seen.items() if event_id in wanted)
     return Ledger(len(wanted), delivered, len(wanted) - delivered, duplicated)
+
+
+def consume_topic(
+    bootstrap_servers: str, topic: str, last_event_id: str, timeout: float = 60.0
+) -> Counter[str]:
+    """Every event_id of a one-partition topic, up to and including `last_event_id`.
+
+    Within one partition records keep their order, so once the event sent last is seen,
+    so is everything sent before it: this proves what a topic does not hold, too. Raises
+    AssertionError when `last_event_id` does not arrive within `timeout`.
+    """
+    seen = consume_event_ids(bootstrap_servers, [topic], [last_event_id], timeout)
+    if not seen[last_event_id]:
+        raise AssertionError(f"{topic}: event {last_event_id} did not arrive in {timeout} s")
+    return seen

@@ -10,6 +10,7 @@ import pytest
 from eventspool.agent.config import AgentConfig, ConfigError, load_agent_config
 from eventspool.config import Durability, FullPolicy, QueueSettings, SenderSettings, SpoolSettings
 from eventspool.errors import EventspoolError
+from eventspool.routing import Binding, Exchange, ExchangeType
 
 FULL_EXAMPLE = """\
 [agent]
@@ -445,6 +446,115 @@ def test_bad_topic_names_and_quotas(tmp_path: Path) -> None:
     assert "quotas.topics.orders = 0: must be positive" in str(error)
     error = error_of(tmp_path, "[quotas]\nclient_bytes_per_s = -5\n")
     assert "quotas.client_bytes_per_s = -5: must be positive" in str(error)
+
+
+EXCHANGES_EXAMPLE = """\
+[exchanges.animals]
+type = "topic"
+alternate_topic = "animals-unroutable"
+bindings = [
+  { topic = "q1", key = "*.orange.*" },
+  { topic = "q2", key = "*.*.rabbit" },
+  { topic = "q2", key = "lazy.#" },
+]
+
+[exchanges.everyone]
+type = "fanout"
+
+[[exchanges.everyone.bindings]]
+topic = "audit"
+
+[[exchanges.everyone.bindings]]
+topic = "archive"
+"""
+
+
+def test_exchanges_round_trip(tmp_path: Path) -> None:
+    config = load_text(tmp_path, EXCHANGES_EXAMPLE)
+    assert config.exchanges == (
+        Exchange(
+            "animals",
+            ExchangeType.TOPIC,
+            (Binding("q1", "*.orange.*"), Binding("q2", "*.*.rabbit"), Binding("q2", "lazy.#")),
+            "animals-unroutable",
+        ),
+        Exchange("everyone", ExchangeType.FANOUT, (Binding("audit"), Binding("archive"))),
+    )
+    assert load_text(tmp_path, "").exchanges == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"),
+    [
+        ("[exchanges.x]\n", "exchanges.x.type", 'type is missing; use one of "direct", "fanout"'),
+        (
+            '[exchanges.x]\ntype = "headers"\n',
+            "exchanges.x.type",
+            'exchanges.x.type = "headers": must be one of "direct", "fanout", "topic"',
+        ),
+        (
+            '[exchanges.x]\ntype = "topic"\nbinding = []\n',
+            "exchanges.x.binding",
+            "unknown key exchanges.x.binding; did you mean exchanges.x.bindings?",
+        ),
+        (
+            '[exchanges."a b"]\ntype = "topic"\n',
+            'exchanges."a b"',
+            "exchange name 'a b' contains ' '",
+        ),
+        ("[exchanges]\nx = 1\n", "exchanges.x", "exchanges.x = 1: expected a table"),
+        (
+            '[exchanges.x]\ntype = "topic"\nbindings = "q1"\n',
+            "exchanges.x.bindings",
+            'exchanges.x.bindings = "q1": expected an array like',
+        ),
+        (
+            '[exchanges.x]\ntype = "topic"\nbindings = ["q1"]\n',
+            "exchanges.x.bindings[0]",
+            'exchanges.x.bindings[0] = "q1": expected a table like',
+        ),
+        (
+            '[exchanges.x]\ntype = "topic"\nbindings = [{key = "a"}]\n',
+            "exchanges.x.bindings[0].topic",
+            "exchanges.x.bindings[0]: topic is missing or not a string",
+        ),
+        (
+            '[exchanges.x]\ntype = "topic"\nbindings = [{topic = "a/b"}]\n',
+            "exchanges.x.bindings[0].topic",
+            "topic name 'a/b' contains '/'",
+        ),
+        (
+            '[exchanges.x]\ntype = "topic"\nbindings = [{topic = "t", keys = "a"}]\n',
+            "exchanges.x.bindings[0].keys",
+            "unknown key exchanges.x.bindings[0].keys (known: key, topic)",
+        ),
+        (
+            '[exchanges.x]\ntype = "topic"\nbindings = [{topic = "t", key = 1}]\n',
+            "exchanges.x.bindings[0].key",
+            "exchanges.x.bindings[0].key = 1: expected a string, got an integer",
+        ),
+        (
+            '[exchanges.x]\ntype = "fanout"\nbindings = [{topic = "t", key = "k"}]\n',
+            "exchanges.x",
+            "a fanout exchange ignores keys",
+        ),
+        (
+            '[exchanges.x]\ntype = "direct"\nalternate_topic = 5\n',
+            "exchanges.x.alternate_topic",
+            "exchanges.x.alternate_topic = 5: expected a topic name, got an integer",
+        ),
+        (
+            '[exchanges.x]\ntype = "direct"\nalternate_topic = "no way"\n',
+            "exchanges.x.alternate_topic",
+            "topic name 'no way' contains ' '",
+        ),
+    ],
+)
+def test_bad_exchanges_name_the_key(tmp_path: Path, text: str, key: str, expected: str) -> None:
+    error = error_of(tmp_path, text)
+    assert error.key == key
+    assert expected in str(error)
+    assert "agent.toml" in str(error)
 
 
 def test_empty_bootstrap_servers_in_the_file(tmp_path: Path) -> None:

@@ -23,14 +23,18 @@ from eventspool.agent.protocol import (
     FrameTooLargeError,
     FrameType,
     ProtocolError,
+    PublishRequest,
+    RoutedEvent,
     SendRequest,
     Status,
     WireEvent,
     decode_error,
+    decode_publish,
     decode_send,
     decode_send_result,
     encode_error,
     encode_frame,
+    encode_publish,
     encode_send,
     encode_send_result,
 )
@@ -53,6 +57,7 @@ wire_events = st.builds(
     headers=st.one_of(st.none(), header_lists),
 )
 event_lists = st.lists(wire_events, max_size=6)
+routed_event_lists = st.lists(st.builds(RoutedEvent, st.text(max_size=20), wire_events), max_size=6)
 results = st.builds(EventResult, st.sampled_from(Status), st.text(max_size=60))
 
 # ---- golden bytes ------------------------------------------------------------------
@@ -78,6 +83,27 @@ GOLDEN_SEND = bytes.fromhex(
 GOLDEN_SEND_EVENTS = [
     WireEvent(b"v1", key=b"k"),
     WireEvent(None, key=b"k", headers=[("h", b"x"), ("n", None)]),
+]
+
+# PUBLISH, request id 9, exchange "animals", two events:
+#   1. routing key "quick.orange.rabbit", value b"v"
+#   2. routing key "" (empty), key b"k", no value (a tombstone)
+GOLDEN_PUBLISH = bytes.fromhex(
+    "00000035"  # length: 1 type + 4 request id + 48 body = 53
+    "04"  # type PUBLISH
+    "00000009"  # request id 9
+    "0007" + "616e696d616c73"  # exchange length 7, "animals"
+    "00000002"  # 2 events
+    "0013" + "717569636b2e6f72616e67652e726162626974"  # routing key 19, "quick.orange.rabbit"
+    "02"  # event 1 flags: value
+    "00000001" + "76"  # value length 1, "v"
+    "0000"  # routing key length 0
+    "01"  # event 2 flags: key (no value: tombstone)
+    "00000001" + "6b"  # key length 1, "k"
+)
+GOLDEN_PUBLISH_EVENTS = [
+    RoutedEvent("quick.orange.rabbit", WireEvent(b"v")),
+    RoutedEvent("", WireEvent(None, key=b"k")),
 ]
 
 EVENT_ID = "0191e2c4-7a10-7000-8a3b-5c2d1e0f4a6b"
@@ -114,6 +140,13 @@ def test_send_frame_golden_bytes() -> None:
     assert decode_send(frames[0].body) == SendRequest("orders", GOLDEN_SEND_EVENTS)
 
 
+def test_publish_frame_golden_bytes() -> None:
+    assert encode_publish(9, "animals", GOLDEN_PUBLISH_EVENTS) == GOLDEN_PUBLISH
+    (frame,) = FrameDecoder().feed(GOLDEN_PUBLISH)
+    assert (frame.type, frame.request_id) == (FrameType.PUBLISH, 9)
+    assert decode_publish(frame.body) == PublishRequest("animals", GOLDEN_PUBLISH_EVENTS)
+
+
 def test_send_result_frame_golden_bytes() -> None:
     golden = [EventResult(Status.OK, EVENT_ID), EventResult(Status.SPOOL_FULL, "spool full")]
     assert encode_send_result(7, golden) == GOLDEN_SEND_RESULT
@@ -133,8 +166,8 @@ def test_error_and_ping_golden_bytes() -> None:
 def test_constants_pin_the_format() -> None:
     assert HEADER_SIZE == FRAME_HEADER.size == 9
     assert DEFAULT_MAX_FRAME == 16 * 1024 * 1024
-    assert [int(t) for t in FrameType] == [1, 2, 3, 0x81, 0x82, 0x83, 0xFF]
-    assert [int(s) for s in Status] == [0, 1, 2, 3, 4, 5, 6]
+    assert [int(t) for t in FrameType] == [1, 2, 3, 4, 0x81, 0x82, 0x83, 0xFF]
+    assert [int(s) for s in Status] == [0, 1, 2, 3, 4, 5, 6, 7, 8]
     assert issubclass(FrameTooLargeError, ProtocolError)
     assert issubclass(ProtocolError, EventspoolError)
 
@@ -147,6 +180,13 @@ def test_send_round_trip(request_id: int, topic: str, events: list[WireEvent]) -
     frames = FrameDecoder().feed(encode_send(request_id, topic, events))
     assert [(f.type, f.request_id) for f in frames] == [(FrameType.SEND, request_id)]
     assert decode_send(frames[0].body) == SendRequest(topic, events)
+
+
+@given(request_id=request_ids, exchange=topics, events=routed_event_lists)
+def test_publish_round_trip(request_id: int, exchange: str, events: list[RoutedEvent]) -> None:
+    frames = FrameDecoder().feed(encode_publish(request_id, exchange, events))
+    assert [(f.type, f.request_id) for f in frames] == [(FrameType.PUBLISH, request_id)]
+    assert decode_publish(frames[0].body) == PublishRequest(exchange, events)
 
 
 @given(request_id=request_ids, batch=st.lists(results, max_size=8))
@@ -300,7 +340,7 @@ def test_length_below_the_fixed_part_is_a_protocol_error(length: int) -> None:
     assert not isinstance(info.value, FrameTooLargeError)
 
 
-@pytest.mark.parametrize("frame_type", [0, 4, 0x80, 0x84, 0xFE])
+@pytest.mark.parametrize("frame_type", [0, 5, 0x80, 0x84, 0xFE])
 def test_unknown_frame_type_is_refused_as_soon_as_it_arrives(frame_type: int) -> None:
     decoder = FrameDecoder()
     with pytest.raises(ProtocolError, match="unknown frame type"):
@@ -341,13 +381,42 @@ def test_decode_send_rejects_malformed_bodies(body: bytes, reason: str) -> None:
         decode_send(body)
 
 
+_GOLDEN_PUBLISH_BODY = GOLDEN_PUBLISH[HEADER_SIZE:]
+# Exchange "x", 2 events announced, then only the first: empty routing key, key b"k".
+_TWO_EVENTS_ONE_KEYED = b"\x00\x01x\x00\x00\x00\x02" + b"\x00\x00\x01\x00\x00\x00\x01k"
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"", "PUBLISH: exchange"),
+        (b"\x00\x01x\x00\x00\x00\x01\x00", "announced"),
+        (b"\x00\x01x\x00\x00\x00\x01\x00\x00\x08", "PUBLISH: event 0 has unknown flag"),
+        (b"\x00\x01x\x00\x00\x00\x01\x00\x05abc", "routing key: 5 bytes"),
+        (b"\x00\x01x\x00\x00\x00\x01\x00\x01\xff\x02", "routing key is not valid UTF-8"),
+        (_TWO_EVENTS_ONE_KEYED, "before event 1 of 2"),
+        (_TWO_EVENTS_ONE_KEYED + b"\x00\x00", "inside event 1 of 2"),
+        (_GOLDEN_PUBLISH_BODY[:-1], "PUBLISH: event 1: key of 1 bytes"),
+        (_GOLDEN_PUBLISH_BODY + b"\x00", "trailing"),
+    ],
+)
+def test_decode_publish_rejects_malformed_bodies(body: bytes, reason: str) -> None:
+    with pytest.raises(ProtocolError, match=reason):
+        decode_publish(body)
+
+
+def test_encode_publish_refuses_a_routing_key_the_format_cannot_carry() -> None:
+    with pytest.raises(ProtocolError, match="event 0: routing key"):
+        encode_publish(1, "x", [RoutedEvent("k" * 65536, WireEvent(b"v"))])
+
+
 @pytest.mark.parametrize(
     "body",
     [
         b"",
         b"\x00\x00\x00\x01",
         b"\xff\xff\xff\xff\x00\x00\x00",
-        b"\x00\x00\x00\x01\x07\x00\x00",  # unknown status
+        b"\x00\x00\x00\x01\x09\x00\x00",  # unknown status
         b"\x00\x00\x00\x01\x00\x00\x02\xc3",  # truncated text
         b"\x00\x00\x00\x01\x00\x00\x01\xc3",  # half a UTF-8 character
         b"\x00\x00\x00\x00\x00",  # trailing

@@ -116,6 +116,30 @@ def test_one_frame_per_topic_and_max_batch_splits_a_batch(
     run(main())
 
 
+def test_one_publish_frame_per_exchange_beside_the_send_frames(
+    agent_factory: AgentFactory, broker: LocalBroker, topic_factory: TopicFactory
+) -> None:
+    plain, fanned = topic_factory(1), topic_factory(2)
+    agent = started(
+        agent_factory, f'[exchanges.fan]\ntype = "fanout"\nbindings = [{{topic = "{fanned}"}}]\n'
+    )
+
+    async def main() -> tuple[list[str], list[str]]:
+        async with AsyncClient(agent.socket_path) as client:
+            sends = [client.send(plain, b"%d" % i) for i in range(50)]
+            publishes = [
+                client.send(None, b"%d" % i, exchange="fan", routing_key=f"k.{i}")
+                for i in range(50)
+            ]
+            ids = await asyncio.gather(*sends, *publishes)
+            assert (client.frames_sent, client.batches_sent) == (2, 1)
+            return ids[:50], ids[50:]
+
+    sent, published = run(main())
+    assert_reached_kafka(broker, [plain], sent)
+    assert_reached_kafka(broker, [fanned], published)
+
+
 def test_linger_combines_sends_issued_apart(agent_factory: AgentFactory) -> None:
     agent = started(agent_factory)
 

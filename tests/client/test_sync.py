@@ -35,6 +35,28 @@ def test_arguments_the_wire_cannot_carry_raise_like_spool_send(
         client.send(topic, b"x", key)
 
 
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"topic": "t", "exchange": "x"}, "give one of them"),
+        ({"exchange": 5}, "exchange must be a str"),
+        ({"routing_key": b"k"}, "routing_key must be a str"),
+        ({"routing_key": "k" * 256}, "routing_key of 256 bytes"),
+        ({"routing_key": "\udc80"}, "routing_key is not encodable"),
+        ({"key": 7}, "key for exchange 'x' must be bytes"),
+    ],
+)
+def test_publish_arguments_are_checked_before_any_connection(
+    tmp_path: Path, arguments: dict[str, Any], message: str
+) -> None:
+    call: dict[str, Any] = {"topic": None, "value": b"x", "exchange": "x", **arguments}
+    with (
+        Client(tmp_path / "nobody.sock", timeout=0.2) as client,
+        pytest.raises(InvalidEventError, match=message),
+    ):
+        client.send(**call)
+
+
 def test_a_bad_argument_in_one_thread_never_strands_the_others(tmp_path: Path) -> None:
     """With no agent, every thread's send ends (with an error), none spins forever."""
     client = Client(tmp_path / "nobody.sock", timeout=0.3)

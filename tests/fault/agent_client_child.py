@@ -1,8 +1,10 @@
 """A client process for the agent SIGKILL test: sends through the agent until it is killed.
 
-Run as ``python -m tests.fault.agent_client_child SOCKET TOPIC [THREADS] [SEED]`` from
-the repository root. THREADS threads (default 4) share one `Client`, so its batching is
-under test too, and send keyed events in a loop, as fast as the agent answers.
+Run as ``python -m tests.fault.agent_client_child SOCKET TARGET [THREADS] [SEED]`` from
+the repository root. TARGET is a topic, or ``@NAME`` to publish through exchange NAME
+(no topic name contains '@'), with routing keys ``key.N``. THREADS threads (default 4)
+share one `Client`, so its batching is under test too, and send keyed events in a
+loop, as fast as the agent answers.
 
 Each stdout line is one event id whose `send()` returned, written with a single
 ``os.write`` after the call returned: a pipe write of under PIPE_BUF bytes is atomic, so
@@ -31,17 +33,22 @@ def _emit(fd: int, line: str) -> None:
     os.write(fd, line.encode() + b"\n")
 
 
-def _send_forever(client: Client, topic: str, worker: int, seed: int) -> None:
+def _send_forever(client: Client, target: str, worker: int, seed: int) -> None:
     """One sending thread: never returns; AgentError is reported and retried."""
     rng = random.Random(seed * 1000 + worker)
     pid = os.getpid()
+    exchange = target[1:] if target.startswith("@") else None
+    topic = None if exchange else target
     counter = 0
     while True:
-        key = b"key-%d" % rng.randrange(KEY_SPACE)
+        number = rng.randrange(KEY_SPACE)
+        key = b"key-%d" % number
         value = b"pid %d thread %d event %d " % (pid, worker, counter) + rng.randbytes(48)
         counter += 1
         try:
-            event_id = client.send(topic, value, key)
+            event_id = client.send(
+                topic, value, key, exchange=exchange, routing_key=f"key.{number}"
+            )
         except AgentError as exc:
             _emit(2, f"AgentError: {exc}")
             time.sleep(_RETRY_PAUSE_S)

@@ -30,7 +30,13 @@ from eventspool.config import (
     SpoolSettings,
     validate_topic,
 )
-from eventspool.errors import EventspoolError, InvalidEventError
+from eventspool.errors import EventspoolError, InvalidEventError, InvalidExchangeError
+from eventspool.routing.exchanges import (
+    Binding,
+    Exchange,
+    ExchangeType,
+    validate_exchange_name,
+)
 
 ENV_PREFIX = "EVENTSPOOL_"
 DEFAULT_SPOOL_DIR = "spool"
@@ -71,6 +77,7 @@ class AgentConfig:
     quota_topic_bytes_per_s: Mapping[str, int] = field(default_factory=dict)
     spool: SpoolSettings = field(default_factory=SpoolSettings)
     sender: SenderSettings = field(default_factory=SenderSettings)
+    exchanges: tuple[Exchange, ...] = ()
 
 
 _Kind = Literal["int", "float", "bool", "str", "mode"]
@@ -126,7 +133,10 @@ _TABLES: dict[str, tuple[str, ...]] = {
     "spool": (),
     "quotas": ("topics",),
 }
-_SECTIONS = (*_SCALARS, "topics")
+_SECTIONS = (*_SCALARS, "topics", "exchanges")
+_EXCHANGE_KEYS = ("type", "bindings", "alternate_topic")
+_BINDING_KEYS = ("topic", "key")
+_EXCHANGE_TYPES = ", ".join(json.dumps(member.value) for member in ExchangeType)
 
 # librdkafka settings that have a typed key of their own: two places for one setting
 # would leave the reader guessing which one wins.
@@ -302,6 +312,7 @@ class _Loader:
                     )
                 if not isinstance(value, dict):
                     raise self.error(dotted, value, f"expected a table, got {_toml_type(value)}")
+        sections.setdefault("exchanges", {})
         topics = sections.setdefault("topics", {})
         for topic, body in topics.items():
             key = _dotted("topics", topic)
@@ -573,6 +584,7 @@ class _Loader:
             quota_topic_bytes_per_s=self._topic_quotas(sections["quotas"].get("topics", {})),
             spool=spool,
             sender=sender,
+            exchanges=self._exchanges(sections["exchanges"]),
         )
 
     def _spool(self, sections: Mapping[str, Mapping[str, Any]]) -> SpoolSettings:
@@ -631,6 +643,84 @@ class _Loader:
 
         walk("", table)
         return out
+
+    def _exchanges(self, table: Mapping[str, Any]) -> tuple[Exchange, ...]:
+        """[exchanges.NAME] tables: type, bindings = [{topic, key}], alternate_topic."""
+        return tuple(self._exchange(name, body) for name, body in table.items())
+
+    def _exchange(self, name: str, body: Any) -> Exchange:
+        prefix = _dotted("exchanges", name)
+        try:
+            validate_exchange_name(name)
+        except InvalidExchangeError as exc:
+            raise ConfigError(f"{self.where(prefix)}: {exc}", key=prefix) from exc
+        if not isinstance(body, dict):
+            raise self.error(prefix, body, f"expected a table, got {_toml_type(body)}")
+        for key in body:
+            if key not in _EXCHANGE_KEYS:
+                close = _close(key, _EXCHANGE_KEYS)
+                raise self.unknown(
+                    _dotted("exchanges", name, key),
+                    "key",
+                    _EXCHANGE_KEYS,
+                    close and _dotted("exchanges", name, close),
+                )
+        if "type" not in body:
+            raise ConfigError(
+                f"{self.where(prefix)}: type is missing; use one of {_EXCHANGE_TYPES}",
+                key=f"{prefix}.type",
+            )
+        kind = body["type"]
+        if kind not in tuple(member.value for member in ExchangeType):
+            raise self.error(f"{prefix}.type", kind, f"must be one of {_EXCHANGE_TYPES}")
+        alternate = body.get("alternate_topic")
+        if alternate is not None:
+            if not isinstance(alternate, str):
+                raise self.error(
+                    f"{prefix}.alternate_topic",
+                    alternate,
+                    f"expected a topic name, got {_toml_type(alternate)}",
+                )
+            self._topic_name(f"{prefix}.alternate_topic", alternate)
+        try:
+            return Exchange(name, ExchangeType(kind), self._bindings(prefix, body), alternate)
+        except InvalidExchangeError as exc:
+            raise ConfigError(f"{self.where(prefix)}: {exc}", key=prefix) from exc
+
+    def _bindings(self, prefix: str, body: Mapping[str, Any]) -> tuple[Binding, ...]:
+        raw = body.get("bindings", [])
+        key = f"{prefix}.bindings"
+        if not isinstance(raw, list):
+            raise self.error(
+                key,
+                raw,
+                f'expected an array like [{{ topic = "t", key = "a.*" }}], got {_toml_type(raw)}',
+            )
+        bindings = []
+        for index, item in enumerate(raw):
+            where = f"{key}[{index}]"
+            if not isinstance(item, dict):
+                raise self.error(
+                    where,
+                    item,
+                    f'expected a table like {{ topic = "t", key = "a.*" }}, got {_toml_type(item)}',
+                )
+            for name in item:
+                if name not in _BINDING_KEYS:
+                    raise self.unknown(f"{where}.{name}", "key", _BINDING_KEYS, None)
+            topic = item.get("topic")
+            if not isinstance(topic, str):
+                raise ConfigError(
+                    f"{self.where(where)}: topic is missing or not a string", key=f"{where}.topic"
+                )
+            self._topic_name(f"{where}.topic", topic)
+            binding_key = item.get("key", "")
+            if not isinstance(binding_key, str):
+                raise self.error(
+                    f"{where}.key", binding_key, f"expected a string, got {_toml_type(binding_key)}"
+                )
+            bindings.append(Binding(topic, binding_key))
+        return tuple(bindings)
 
     def _topic_quotas(self, table: Mapping[str, Any]) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -6,12 +6,19 @@ So any language with an HTTP client (or `curl --unix-socket`) can send events:
                               or {"events": [ ...those objects... ]}
                               `value_b64` / `key_b64` carry bytes that are not UTF-8 text;
                               "value": null is a tombstone
+    POST   /v1/exchanges/{name}  the same event objects, each with a "routing_key"
+    PUT    /v1/exchanges/{name}  declare (create or replace) an exchange at runtime:
+                                 {"type": "topic", "bindings": [{"topic": t, "key": k}],
+                                  "alternate_topic": t}
+    GET    /v1/exchanges[/{name}]  declarations, sources and counters
+    DELETE /v1/exchanges/{name}  remove a runtime exchange
     GET  /metrics             Prometheus text format
     GET  /healthz             {"status": "ok", "broker_connected": true|false}
 
 h11 parses the HTTP; this module only maps requests to the agent. Every event gets its
 own result; the response is 200 when all were spooled, else the status of the first
-failure (400 bad event, 413 too large, 503 spool full or shutting down).
+failure (400 bad event, 404 unknown exchange, 413 too large, 422 unroutable, 503 spool
+full or shutting down).
 """
 
 from __future__ import annotations
@@ -30,10 +37,19 @@ import h11
 from eventspool.agent.protocol import (
     MAX_EVENTS_PER_SEND,
     EventResult,
+    PublishRequest,
+    RoutedEvent,
     SendRequest,
     Status,
     WireEvent,
 )
+from eventspool.errors import (
+    ExchangeConflictError,
+    InvalidExchangeError,
+    QueueFileError,
+    UnknownExchangeError,
+)
+from eventspool.routing.exchanges import Exchange
 
 _READ_SIZE = 64 * 1024
 _HTTP_STATUS = {
@@ -44,7 +60,11 @@ _HTTP_STATUS = {
     Status.MALFORMED: 400,
     Status.INTERNAL: 500,
     Status.SHUTTING_DOWN: 503,
+    Status.UNKNOWN_EXCHANGE: 404,
+    Status.UNROUTABLE: 422,
 }
+_EVENT_FIELDS = frozenset({"value", "value_b64", "key", "key_b64", "headers"})
+_ROUTED_EVENT_FIELDS = _EVENT_FIELDS | {"routing_key"}
 
 
 class BadRequestError(Exception):
@@ -53,9 +73,14 @@ class BadRequestError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class HttpHandlers:
-    send: Callable[[SendRequest], Awaitable[list[EventResult]]]  # bound to the connection's client
+    # bound to the connection's client
+    send: Callable[[SendRequest | PublishRequest], Awaitable[list[EventResult]]]
     metrics: Callable[[], bytes]
     health: Callable[[], dict[str, object]]
+    exchanges: Callable[[], list[dict[str, object]]]
+    exchange: Callable[[str], dict[str, object]]  # raises UnknownExchangeError
+    declare: Callable[[Exchange], Awaitable[bool]]  # True: created
+    delete: Callable[[str], Awaitable[None]]
 
 
 def looks_like_http(first: bytes) -> bool:
@@ -123,27 +148,75 @@ async def _route(
             return _json(405, {"error": f"{method} not allowed; use POST"})
         topic = path.removeprefix("/v1/topics/")
         try:
-            events = _parse_events(body)
+            events = [_parse_event(item, index) for index, item in _event_items(body)]
         except BadRequestError as exc:
             return _json(400, {"error": str(exc)})
-        results = await handlers.send(SendRequest(topic, events))
-        failures = [r for r in results if r.status is not Status.OK]
-        status = _HTTP_STATUS[failures[0].status] if failures else 200
-        return _json(
-            status,
-            {
-                "results": [
-                    {"status": r.status.name.lower(), "event_id": r.text}
-                    if r.ok
-                    else {"status": r.status.name.lower(), "error": r.text}
-                    for r in results
-                ]
-            },
-        )
+        return _results(await handlers.send(SendRequest(topic, events)))
+    if path == "/v1/exchanges":
+        if method != "GET":
+            return _json(405, {"error": f"{method} not allowed; use GET"})
+        return _json(200, {"exchanges": handlers.exchanges()})
+    if path.startswith("/v1/exchanges/"):
+        return await _route_exchange(method, path.removeprefix("/v1/exchanges/"), body, handlers)
     return _json(404, {"error": f"no such endpoint: {method} {path}"})
 
 
-def _parse_events(body: bytes) -> list[WireEvent]:
+async def _route_exchange(
+    method: str, name: str, body: bytes, handlers: HttpHandlers
+) -> tuple[int, bytes, bytes]:
+    try:
+        if method == "POST":
+            try:
+                items = _event_items(body)
+                events = [
+                    RoutedEvent(_routing_key(item, index), _parse_event(item, index, routed=True))
+                    for index, item in items
+                ]
+            except BadRequestError as exc:
+                return _json(400, {"error": str(exc)})
+            return _results(await handlers.send(PublishRequest(name, events)))
+        if method == "GET":
+            return _json(200, handlers.exchange(name))
+        if method == "PUT":
+            try:
+                document = json.loads(body)
+            except (ValueError, RecursionError) as exc:
+                return _json(400, {"error": f"body is not JSON this agent accepts: {exc}"})
+            created = await handlers.declare(Exchange.from_json(name, document))
+            return _json(201 if created else 200, handlers.exchange(name))
+        if method == "DELETE":
+            await handlers.delete(name)
+            return _json(200, {"deleted": name})
+    except UnknownExchangeError as exc:
+        return _json(404, {"error": str(exc)})
+    except InvalidExchangeError as exc:
+        return _json(400, {"error": str(exc)})
+    except ExchangeConflictError as exc:
+        return _json(409, {"error": str(exc)})
+    except QueueFileError as exc:
+        return _json(500, {"error": str(exc)})
+    return _json(405, {"error": f"{method} not allowed; use POST, GET, PUT or DELETE"})
+
+
+def _results(results: list[EventResult]) -> tuple[int, bytes, bytes]:
+    """One entry per event; the HTTP status of the first failure, or 200."""
+    failures = [r for r in results if r.status is not Status.OK]
+    status = _HTTP_STATUS[failures[0].status] if failures else 200
+    return _json(
+        status,
+        {
+            "results": [
+                {"status": r.status.name.lower(), "event_id": r.text}
+                if r.ok
+                else {"status": r.status.name.lower(), "error": r.text}
+                for r in results
+            ]
+        },
+    )
+
+
+def _event_items(body: bytes) -> list[tuple[int, Any]]:
+    """The event objects of a body: one object, or {"events": [...]}; numbered."""
     try:
         document = json.loads(body)
     except (ValueError, RecursionError) as exc:
@@ -155,13 +228,20 @@ def _parse_events(body: bytes) -> list[WireEvent]:
         raise BadRequestError('"events" must be a non-empty list of event objects')
     if len(items) > MAX_EVENTS_PER_SEND:
         raise BadRequestError(f"{len(items)} events; at most {MAX_EVENTS_PER_SEND} per request")
-    return [_parse_event(item, index) for index, item in enumerate(items)]
+    return list(enumerate(items))
 
 
-def _parse_event(item: Any, index: int) -> WireEvent:
+def _routing_key(item: Any, index: int) -> str:
+    routing_key = item.get("routing_key", "") if isinstance(item, dict) else ""
+    if not isinstance(routing_key, str):
+        raise BadRequestError(f"event {index}: routing_key must be a string")
+    return routing_key
+
+
+def _parse_event(item: Any, index: int, *, routed: bool = False) -> WireEvent:
     if not isinstance(item, dict):
         raise BadRequestError(f"event {index} is not a JSON object")
-    unknown = set(item) - {"value", "value_b64", "key", "key_b64", "headers"}
+    unknown = set(item) - (_ROUTED_EVENT_FIELDS if routed else _EVENT_FIELDS)
     if unknown:
         raise BadRequestError(f"event {index} has unknown fields: {', '.join(sorted(unknown))}")
     value = _bytes_field(item, "value", index)

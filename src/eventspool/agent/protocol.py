@@ -24,7 +24,17 @@ SEND body (type 1)::
                     2 name length, name (UTF-8),
                     4 value length (signed, -1: null), value bytes
 
-SEND_RESULT body (type 0x81), one result per event of the SEND, in order::
+PUBLISH body (type 4): a batch of events for one exchange, each with its routing key::
+
+    size  field
+    2     exchange length
+    n     exchange (UTF-8)
+    4     event count
+    ...   the events, each:
+          2  routing key length, routing key (UTF-8)
+          then the event exactly as in SEND: flags, key, value, headers
+
+SEND_RESULT body (type 0x81), one result per event of the SEND or PUBLISH, in order::
 
     4     result count
     ...   per result: 1 status (Status), 2 text length, text (UTF-8): the event_id
@@ -80,6 +90,7 @@ _FLAG_VALUE = 0x02
 _FLAG_HEADERS = 0x04
 _KNOWN_FLAGS = _FLAG_KEY | _FLAG_VALUE | _FLAG_HEADERS
 _MIN_EVENT = 1
+_MIN_ROUTED_EVENT = _U16.size + _MIN_EVENT
 _MIN_HEADER = _U16.size + _I32.size
 _MIN_RESULT = _STATUS_TEXT.size
 
@@ -90,6 +101,7 @@ class FrameType(IntEnum):
     SEND = 1
     PING = 2
     STATS = 3
+    PUBLISH = 4
     SEND_RESULT = 0x81
     PONG = 0x82
     STATS_RESULT = 0x83
@@ -106,6 +118,8 @@ class Status(IntEnum):
     MALFORMED = 4
     INTERNAL = 5
     SHUTTING_DOWN = 6
+    UNKNOWN_EXCHANGE = 7
+    UNROUTABLE = 8
 
 
 _FRAME_TYPES = {member.value: member for member in FrameType}
@@ -147,6 +161,22 @@ class SendRequest:
 
     topic: str
     events: list[WireEvent]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedEvent:
+    """One event of a PUBLISH: the event, and the routing key its exchange routes it by."""
+
+    routing_key: str
+    event: WireEvent
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRequest:
+    """A parsed PUBLISH body: a batch of events for one exchange."""
+
+    exchange: str
+    events: list[RoutedEvent]
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,11 +293,36 @@ def _frame_header(frame_type: FrameType, request_id: int, body_length: int) -> b
 
 def encode_send(request_id: int, topic: str, events: Sequence[WireEvent]) -> bytes:
     """A whole SEND frame; raises ProtocolError for a value the format cannot carry."""
-    raw_topic = _encode_name(topic, "topic")
+    return _encode_batch(FrameType.SEND, request_id, _encode_name(topic, "topic"), events, None)
+
+
+def encode_publish(request_id: int, exchange: str, events: Sequence[RoutedEvent]) -> bytes:
+    """A whole PUBLISH frame; raises ProtocolError for a value the format cannot carry."""
+    return _encode_batch(
+        FrameType.PUBLISH,
+        request_id,
+        _encode_name(exchange, "exchange"),
+        [routed.event for routed in events],
+        [routed.routing_key for routed in events],
+    )
+
+
+def _encode_batch(
+    frame_type: FrameType,
+    request_id: int,
+    raw_name: bytes,
+    events: Sequence[WireEvent],
+    routing_keys: Sequence[str] | None,
+) -> bytes:
+    """SEND and PUBLISH: a name, a count, the events (each after its routing key)."""
     if len(events) > _MAX_U32:
-        raise ProtocolError(f"{len(events)} events; at most {_MAX_U32} fit in one SEND")
-    parts = [b"", _U16.pack(len(raw_topic)), raw_topic, _U32.pack(len(events))]
+        raise ProtocolError(f"{len(events)} events; at most {_MAX_U32} fit in one request")
+    parts = [b"", _U16.pack(len(raw_name)), raw_name, _U32.pack(len(events))]
     for index, event in enumerate(events):
+        if routing_keys is not None:
+            raw_routing_key = _encode_name(routing_keys[index], f"event {index}: routing key")
+            parts.append(_U16.pack(len(raw_routing_key)))
+            parts.append(raw_routing_key)
         key, value, headers = event.key, event.value, event.headers
         flags = (
             (0 if key is None else _FLAG_KEY)
@@ -302,7 +357,7 @@ def encode_send(request_id: int, topic: str, events: Sequence[WireEvent]) -> byt
                     parts.append(_I32.pack(len(header_value)))
                     parts.append(header_value)
     body_length = sum(len(part) for part in parts)
-    parts[0] = _frame_header(FrameType.SEND, request_id, body_length)
+    parts[0] = _frame_header(frame_type, request_id, body_length)
     return b"".join(parts)
 
 
@@ -324,69 +379,97 @@ def _pack_u32_length(length: int, index: int, what: str) -> bytes:
 
 def decode_send(body: bytes) -> SendRequest:
     """Parse a SEND body; raises ProtocolError on anything malformed, naming where."""
+    topic, events, _ = _decode_batch(body, "SEND", "topic", routed=False)
+    return SendRequest(topic, events)
+
+
+def decode_publish(body: bytes) -> PublishRequest:
+    """Parse a PUBLISH body; raises ProtocolError on anything malformed, naming where."""
+    exchange, events, routing_keys = _decode_batch(body, "PUBLISH", "exchange", routed=True)
+    return PublishRequest(
+        exchange,
+        [RoutedEvent(key, event) for key, event in zip(routing_keys, events, strict=True)],
+    )
+
+
+def _decode_batch(
+    body: bytes, request: str, name: str, *, routed: bool
+) -> tuple[str, list[WireEvent], list[str]]:
+    """The name, the events and (PUBLISH only) their routing keys of a SEND or PUBLISH."""
     size = len(body)
-    topic, pos = _read_text(body, 0, "SEND: topic")
+    target, pos = _read_text(body, 0, f"{request}: {name}")
     if size - pos < _U32.size:
-        raise ProtocolError(f"SEND: body of {size} bytes ends before the event count")
+        raise ProtocolError(f"{request}: body of {size} bytes ends before the event count")
     (count,) = _U32.unpack_from(body, pos)
     pos += _U32.size
     if count > MAX_EVENTS_PER_SEND:
         raise ProtocolError(
-            f"SEND: {count} events in one request; at most {MAX_EVENTS_PER_SEND} are accepted"
+            f"{request}: {count} events in one request; at most {MAX_EVENTS_PER_SEND} are accepted"
         )
-    if count * _MIN_EVENT > size - pos:
-        raise ProtocolError(f"SEND: {count} events announced but only {size - pos} bytes follow")
+    if count * (_MIN_ROUTED_EVENT if routed else _MIN_EVENT) > size - pos:
+        raise ProtocolError(
+            f"{request}: {count} events announced but only {size - pos} bytes follow"
+        )
     events: list[WireEvent] = []
+    routing_keys: list[str] = []
     for index in range(count):
         if pos >= size:
-            raise ProtocolError(f"SEND: body ends before event {index} of {count}")
+            raise ProtocolError(f"{request}: body ends before event {index} of {count}")
+        if routed:
+            routing_key, pos = _read_text(body, pos, f"{request}: event {index}: routing key")
+            routing_keys.append(routing_key)
+            if pos >= size:
+                raise ProtocolError(f"{request}: body ends inside event {index} of {count}")
         flags = body[pos]
         pos += 1
         if flags & ~_KNOWN_FLAGS:
-            raise ProtocolError(f"SEND: event {index} has unknown flag bits 0x{flags:02x}")
+            raise ProtocolError(f"{request}: event {index} has unknown flag bits 0x{flags:02x}")
         key: bytes | None = None
         value: bytes | None = None
         headers: HeaderList | None = None
         if flags & _FLAG_KEY:
-            key, pos = _read_u32_bytes(body, pos, index, "key")
+            key, pos = _read_u32_bytes(body, pos, index, "key", request)
         if flags & _FLAG_VALUE:
-            value, pos = _read_u32_bytes(body, pos, index, "value")
+            value, pos = _read_u32_bytes(body, pos, index, "value", request)
         if flags & _FLAG_HEADERS:
-            headers, pos = _read_headers(body, pos, index)
+            headers, pos = _read_headers(body, pos, index, request)
         events.append(WireEvent(value, key, headers))
     if pos != size:
-        raise ProtocolError(f"SEND: {size - pos} trailing bytes after {count} events")
-    return SendRequest(topic, events)
+        raise ProtocolError(f"{request}: {size - pos} trailing bytes after {count} events")
+    return target, events, routing_keys
 
 
-def _read_u32_bytes(body: bytes, pos: int, index: int, what: str) -> tuple[bytes, int]:
+def _read_u32_bytes(
+    body: bytes, pos: int, index: int, what: str, request: str
+) -> tuple[bytes, int]:
     size = len(body)
     if size - pos < _U32.size:
-        raise ProtocolError(f"SEND: event {index}: body ends inside the {what} length")
+        raise ProtocolError(f"{request}: event {index}: body ends inside the {what} length")
     (length,) = _U32.unpack_from(body, pos)
     pos += _U32.size
     end = pos + length
     if end > size:
         raise ProtocolError(
-            f"SEND: event {index}: {what} of {length} bytes at offset {pos} overruns "
+            f"{request}: event {index}: {what} of {length} bytes at offset {pos} overruns "
             f"the body of {size} bytes"
         )
     return body[pos:end], end
 
 
-def _read_headers(body: bytes, pos: int, index: int) -> tuple[HeaderList, int]:
+def _read_headers(body: bytes, pos: int, index: int, request: str) -> tuple[HeaderList, int]:
     size = len(body)
     if size - pos < _U16.size:
-        raise ProtocolError(f"SEND: event {index}: body ends inside the header count")
+        raise ProtocolError(f"{request}: event {index}: body ends inside the header count")
     (count,) = _U16.unpack_from(body, pos)
     pos += _U16.size
     if count * _MIN_HEADER > size - pos:
         raise ProtocolError(
-            f"SEND: event {index}: {count} headers announced but only {size - pos} bytes follow"
+            f"{request}: event {index}: {count} headers announced but only {size - pos} "
+            "bytes follow"
         )
     headers: HeaderList = []
     for number in range(count):
-        where = f"SEND: event {index}: header {number}"
+        where = f"{request}: event {index}: header {number}"
         name, pos = _read_text(body, pos, f"{where} name")
         if size - pos < _I32.size:
             raise ProtocolError(f"{where}: body ends inside the value length")

@@ -71,16 +71,18 @@ class Quotas:
     def enabled(self) -> bool:
         return self._client_quota is not None or bool(self._topic_quotas)
 
-    def record(self, client: str, topic: str, size: int) -> float:
-        """Account `size` bytes and return how long to hold the response (0: none)."""
+    def record(self, client: str, topic: str | None, size: int) -> float:
+        """Account `size` bytes and return how long to hold the response (0: none).
+
+        `topic` None (a publish through an exchange) counts against the client only.
+        """
         delay = 0.0
         with self._lock:
             if self._client_quota is not None:
                 window = self._clients.setdefault(client, RateWindow(self._clock))
                 window.add(size)
                 delay = window.delay_for(self._client_quota)
-            topic_quota = self._topic_quotas.get(topic)
-            if topic_quota is not None:
+            if topic is not None and (topic_quota := self._topic_quotas.get(topic)) is not None:
                 window = self._topics.setdefault(topic, RateWindow(self._clock))
                 window.add(size)
                 delay = max(delay, window.delay_for(topic_quota))

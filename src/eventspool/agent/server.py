@@ -30,8 +30,10 @@ from eventspool.agent.protocol import (
     FrameDecoder,
     FrameType,
     ProtocolError,
+    PublishRequest,
     SendRequest,
     Status,
+    decode_publish,
     decode_send,
     encode_error,
     encode_frame,
@@ -45,8 +47,12 @@ from eventspool.errors import (
     InvalidTopicError,
     SpoolClosedError,
     SpoolFullError,
+    UnknownExchangeError,
+    UnroutableError,
 )
 from eventspool.metrics import render
+from eventspool.routing.exchanges import Exchange
+from eventspool.routing.table import ExchangeInfo
 from eventspool.spool.api import Spool
 
 log = logging.getLogger(__name__)
@@ -94,6 +100,9 @@ class AgentServer:
             "broker_connected": sender.connected if sender else False,
             "protocol_errors": self.protocol_errors,
             "throttle_seconds": self.quotas.counters.throttle_seconds,
+            "exchanges": {
+                info.exchange.name: exchange_json(info) for info in self.spool.exchanges()
+            },
         }
 
     async def start(self) -> None:
@@ -159,6 +168,10 @@ class AgentServer:
                 send=functools.partial(self.send, client=client),
                 metrics=self.metrics,
                 health=self.health,
+                exchanges=self.list_exchanges,
+                exchange=self.get_exchange,
+                declare=self.declare_exchange,
+                delete=self.delete_exchange,
             )
             await serve_http(
                 first,
@@ -217,22 +230,27 @@ class AgentServer:
         if frame.type is FrameType.STATS:
             body = json.dumps(self.stats()).encode()
             return encode_frame(FrameType.STATS_RESULT, frame.request_id, body)
-        if frame.type is not FrameType.SEND:
+        if frame.type is not FrameType.SEND and frame.type is not FrameType.PUBLISH:
             self.protocol_errors += 1
             return encode_error(
                 frame.request_id, Status.MALFORMED, f"{frame.type.name} is not a request"
             )
         try:
-            request = decode_send(frame.body)
+            request = (
+                decode_send(frame.body)
+                if frame.type is FrameType.SEND
+                else decode_publish(frame.body)
+            )
         except ProtocolError as exc:
             self.protocol_errors += 1
             return encode_error(frame.request_id, Status.MALFORMED, str(exc))
         return encode_send_result(frame.request_id, await self.send(request, client))
 
-    async def send(self, request: SendRequest, client: str) -> list[EventResult]:
+    async def send(self, request: SendRequest | PublishRequest, client: str) -> list[EventResult]:
         """Spool a request's events off the event loop; shared by both interfaces.
 
-        A client or topic over its quota gets its answer late, never a refusal.
+        A client or topic over its quota gets its answer late, never a refusal. Topic
+        quotas apply to SEND; a PUBLISH counts against the client's quota only.
         """
         if not self.accepting:
             return [EventResult(Status.SHUTTING_DOWN, "agent is shutting down")] * len(
@@ -244,26 +262,44 @@ class AgentServer:
             loop = asyncio.get_running_loop()
             results = await loop.run_in_executor(self._executor, self._send_all, request)
         if self.quotas.enabled:
+            events = (
+                request.events
+                if isinstance(request, SendRequest)
+                else [routed.event for routed in request.events]
+            )
             size = sum(
                 len(event.value or b"") + len(event.key or b"")
-                for event, result in zip(request.events, results, strict=True)
+                for event, result in zip(events, results, strict=True)
                 if result.ok
             )
-            delay = self.quotas.record(client, request.topic, size)
+            topic = request.topic if isinstance(request, SendRequest) else None
+            delay = self.quotas.record(client, topic, size)
             if delay > 0:
                 await asyncio.sleep(delay)
         return results
 
-    def _may_send_inline(self, request: SendRequest) -> bool:
+    def _may_send_inline(self, request: SendRequest | PublishRequest) -> bool:
         """Small requests to queues that never wait are spooled on the event loop itself.
 
         Handing them to a thread costs far more than the few microseconds `send()` takes;
-        fsync durability and the block policy wait, so they keep the thread pool.
+        fsync durability and the block policy wait, so they keep the thread pool. A
+        PUBLISH is judged by every topic its exchange can write to.
         """
         if len(request.events) > _INLINE_MAX_EVENTS:
             return False
-        queue = self.spool.settings.for_topic(request.topic)
-        return queue.durability is Durability.PROCESS and queue.full_policy is not FullPolicy.BLOCK
+        if isinstance(request, SendRequest):
+            topics: frozenset[str] | tuple[str] = (request.topic,)
+        else:
+            try:
+                topics = self.spool.exchange(request.exchange).exchange.topics()
+            except UnknownExchangeError:
+                return True  # refused at once, whatever the size
+        settings = self.spool.settings
+        return all(
+            (queue := settings.for_topic(topic)).durability is Durability.PROCESS
+            and queue.full_policy is not FullPolicy.BLOCK
+            for topic in topics
+        )
 
     def metrics(self) -> bytes:
         counters = self.quotas.counters
@@ -283,28 +319,86 @@ class AgentServer:
             "broker_connected": bool(sender and sender.connected),
         }
 
-    def _send_all(self, request: SendRequest) -> list[EventResult]:
+    def _send_all(self, request: SendRequest | PublishRequest) -> list[EventResult]:
         """Spool every event of one request, each with its own status."""
+        send = self.spool.send
         results = []
-        for event in request.events:
+        if isinstance(request, SendRequest):
+            topic = request.topic
+            for event in request.events:
+                try:
+                    event_id = send(topic, event.value, event.key, event.headers)
+                except Exception as exc:
+                    results.append(_failure(exc, f"topic {topic!r}"))
+                else:
+                    results.append(EventResult(Status.OK, event_id))
+            return results
+        exchange = request.exchange
+        for routed in request.events:
+            event = routed.event
             try:
-                event_id = self.spool.send(request.topic, event.value, event.key, event.headers)
-            except InvalidTopicError as exc:
-                results.append(EventResult(Status.INVALID_TOPIC, str(exc)))
-            except EventTooLargeError as exc:
-                results.append(EventResult(Status.TOO_LARGE, str(exc)))
-            except InvalidEventError as exc:
-                results.append(EventResult(Status.MALFORMED, str(exc)))
-            except SpoolFullError as exc:
-                results.append(EventResult(Status.SPOOL_FULL, str(exc)))
-            except SpoolClosedError as exc:
-                results.append(EventResult(Status.SHUTTING_DOWN, str(exc)))
+                event_id = send(
+                    None,
+                    event.value,
+                    event.key,
+                    event.headers,
+                    exchange=exchange,
+                    routing_key=routed.routing_key,
+                )
             except Exception as exc:
-                log.exception("send to %r failed", request.topic)
-                results.append(EventResult(Status.INTERNAL, f"internal error: {exc}"))
+                results.append(_failure(exc, f"exchange {exchange!r}"))
             else:
                 results.append(EventResult(Status.OK, event_id))
         return results
+
+    # ---- exchanges, for the HTTP interface ----------------------------------------------
+
+    def list_exchanges(self) -> list[dict[str, object]]:
+        return [exchange_json(info) for info in self.spool.exchanges()]
+
+    def get_exchange(self, name: str) -> dict[str, object]:
+        """Raises UnknownExchangeError."""
+        return exchange_json(self.spool.exchange(name))
+
+    async def declare_exchange(self, exchange: Exchange) -> bool:
+        """Off the event loop: the declaration is fsynced before it takes effect."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.spool.declare_exchange, exchange)
+
+    async def delete_exchange(self, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self.spool.delete_exchange, name)
+
+
+def exchange_json(info: ExchangeInfo) -> dict[str, object]:
+    """An exchange as STATS and the HTTP interface show it: declaration, source, counters."""
+    return {
+        **info.exchange.to_json(),
+        "source": info.source.value,
+        "routed": info.counts.routed,
+        "unroutable_alternate": info.counts.alternate,
+        "unroutable_refused": info.counts.refused,
+    }
+
+
+_STATUS_OF_ERROR: tuple[tuple[type[Exception], Status], ...] = (
+    (InvalidTopicError, Status.INVALID_TOPIC),
+    (EventTooLargeError, Status.TOO_LARGE),
+    (UnknownExchangeError, Status.UNKNOWN_EXCHANGE),
+    (InvalidEventError, Status.MALFORMED),
+    (UnroutableError, Status.UNROUTABLE),
+    (SpoolFullError, Status.SPOOL_FULL),
+    (SpoolClosedError, Status.SHUTTING_DOWN),
+)
+
+
+def _failure(exc: Exception, where: str) -> EventResult:
+    """The status of a failed send: the first matching class, most specific first."""
+    for kind, status in _STATUS_OF_ERROR:
+        if isinstance(exc, kind):
+            return EventResult(status, str(exc))
+    log.exception("send to %s failed", where)
+    return EventResult(Status.INTERNAL, f"internal error: {exc}")
 
 
 _PEER_CREDENTIALS = struct.Struct("3i")

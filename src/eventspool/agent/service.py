@@ -99,6 +99,7 @@ def run(config: AgentConfig, adopted: Sequence[Path] = ()) -> None:
         config.bootstrap_servers,
         settings=config.spool,
         sender_settings=config.sender,
+        exchanges=config.exchanges,
     )
     try:
         asyncio.run(serve(config, spool, adopted))

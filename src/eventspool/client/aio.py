@@ -33,13 +33,15 @@ from eventspool.agent.protocol import (
     FrameDecoder,
     FrameType,
     ProtocolError,
+    RoutedEvent,
     WireEvent,
     decode_error,
     decode_send_result,
     encode_frame,
+    encode_publish,
     encode_send,
 )
-from eventspool.client.common import wire_event, wire_size
+from eventspool.client.common import routed_wire_event, wire_event, wire_size
 from eventspool.client.sync import AgentError, raise_for
 from eventspool.envelope import HeadersInput
 from eventspool.errors import EventspoolError, InvalidEventError
@@ -58,13 +60,18 @@ _SEND_OVERHEAD = 1 + 4 + 2 + 4
 
 @dataclass(slots=True, eq=False)
 class _Send:
-    """One event waiting to be written, then waiting for its answer."""
+    """One event waiting to be written, then waiting for its answer.
 
-    topic: str
+    `topic` names the topic of a SEND; a PUBLISH has `exchange` and `routing_key` instead.
+    """
+
+    topic: str | None
     event: WireEvent
     size: int
     future: asyncio.Future[str]
     written: bool = False
+    exchange: str | None = None
+    routing_key: str = ""
 
 
 @dataclass(slots=True, eq=False)
@@ -156,20 +163,37 @@ class AsyncClient:
 
     async def send(
         self,
-        topic: str,
+        topic: str | None,
         value: bytes | None,
         key: bytes | str | None = None,
         headers: HeadersInput | None = None,
+        *,
+        exchange: str | None = None,
+        routing_key: str = "",
     ) -> str:
         """Hand one event to the agent; returns its event_id once the agent spooled it.
 
         Raises what `Spool.send()` raises for the event itself, AgentError when the agent
         cannot be reached within `timeout` (the event may or may not have been spooled
-        if the connection broke after it was written).
+        if the connection broke after it was written). With `exchange` (and
+        `topic=None`) the agent routes the event by `routing_key`, as `Spool.send()` does.
         """
-        event = wire_event(topic, value, key, headers)
-        future: asyncio.Future[str] = self._running_loop().create_future()
-        return await self._submit(_Send(topic, event, wire_size(event), future), future)
+        if exchange is None:
+            event = wire_event(topic, value, key, headers)
+            send = _Send(topic, event, wire_size(event), self._running_loop().create_future())
+        else:
+            event = routed_wire_event(
+                topic, value, key, headers, exchange=exchange, routing_key=routing_key
+            )
+            send = _Send(
+                None,
+                event,
+                wire_size(event, routing_key),
+                self._running_loop().create_future(),
+                exchange=exchange,
+                routing_key=routing_key,
+            )
+        return await self._submit(send, send.future)
 
     async def ping(self) -> float:
         """Round-trip time to the agent in seconds, queued behind the sends already issued."""
@@ -341,20 +365,26 @@ class AsyncClient:
     def _encode(self, batch: list[_Item], connection: _Connection) -> list[bytes]:
         """Frames for a batch, each registered as in flight on `connection`."""
         frames: list[bytes] = []
-        by_topic: dict[str, list[_Send]] = {}
+        by_target: dict[tuple[str | None, str | None], list[_Send]] = {}
         for item in batch:
             if isinstance(item, _Send):
-                by_topic.setdefault(item.topic, []).append(item)
+                by_target.setdefault((item.topic, item.exchange), []).append(item)
                 continue
             request_id = self._next_id()
             frames.append(encode_frame(item.type, request_id, b""))
             connection.in_flight[request_id] = item
             item.written = True
-        for topic, group in by_topic.items():
-            for chunk in self._chunks(topic, group):
+        for (topic, exchange), group in by_target.items():
+            name = exchange if exchange is not None else topic
+            assert name is not None
+            for chunk in self._chunks(name, group):
                 request_id = self._next_id()
                 try:
-                    frame = encode_send(request_id, topic, [send.event for send in chunk])
+                    if exchange is None:
+                        frame = encode_send(request_id, name, [send.event for send in chunk])
+                    else:
+                        routed = [RoutedEvent(send.routing_key, send.event) for send in chunk]
+                        frame = encode_publish(request_id, name, routed)
                 except ProtocolError as exc:  # only sizes no frame can carry get here
                     for send in chunk:
                         _fail(send.future, InvalidEventError(str(exc)))
@@ -366,12 +396,12 @@ class AsyncClient:
                 self.frames_sent += 1
         return frames
 
-    def _chunks(self, topic: str, group: list[_Send]) -> list[list[_Send]]:
-        """Split one topic's sends so no frame exceeds `max_frame_bytes` or the event cap.
+    def _chunks(self, name: str, group: list[_Send]) -> list[list[_Send]]:
+        """Split one target's sends so no frame exceeds `max_frame_bytes` or the event cap.
 
         An event larger than that goes alone in its frame, for the agent to judge.
         """
-        overhead = _SEND_OVERHEAD + len(topic)  # validated: ASCII, one byte a character
+        overhead = _SEND_OVERHEAD + len(name.encode())
         chunks: list[list[_Send]] = []
         chunk: list[_Send] = []
         size = overhead

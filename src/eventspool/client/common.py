@@ -10,10 +10,11 @@ from eventspool.agent.protocol import WireEvent
 from eventspool.config import validate_topic
 from eventspool.envelope import HeadersInput, normalize_headers
 from eventspool.errors import InvalidEventError
+from eventspool.routing.exchanges import validate_routing_key
 
 
 def wire_event(
-    topic: str, value: bytes | None, key: bytes | str | None, headers: HeadersInput | None
+    topic: str | None, value: bytes | None, key: bytes | str | None, headers: HeadersInput | None
 ) -> WireEvent:
     """Check the arguments as `Client.send()` does, so both clients raise the same errors.
 
@@ -22,6 +23,43 @@ def wire_event(
     written for other callers. The agent applies the same topic rule, so the error and its
     message are the ones the agent would have sent back.
     """
+    event = _event(value, key, headers, "topic", topic)
+    validate_topic(topic)
+    return event
+
+
+def routed_wire_event(
+    topic: str | None,
+    value: bytes | None,
+    key: bytes | str | None,
+    headers: HeadersInput | None,
+    *,
+    exchange: object,
+    routing_key: object,
+) -> WireEvent:
+    """The checks of `send(exchange=...)`, as `Spool.send()` makes them.
+
+    Whether the exchange exists only the agent knows: it answers UNKNOWN_EXCHANGE.
+    """
+    if topic is not None:
+        raise InvalidEventError(
+            f"send() got topic {topic!r} and exchange {exchange!r}: give one of them "
+            "(topic=None to route through the exchange)"
+        )
+    if not isinstance(exchange, str):
+        raise InvalidEventError(f"exchange must be a str, got {type(exchange).__name__}")
+    validate_routing_key(routing_key)
+    return _event(value, key, headers, "exchange", exchange)
+
+
+def _event(
+    value: bytes | None,
+    key: bytes | str | None,
+    headers: HeadersInput | None,
+    kind: str,
+    name: object,
+) -> WireEvent:
+    """The event as the wire carries it; `kind` and `name` only make error messages."""
     if value is not None and type(value) is not bytes:
         raise InvalidEventError(f"value must be bytes or None, got {type(value).__name__}")
     raw_key: bytes | None
@@ -30,22 +68,23 @@ def wire_event(
             raw_key = key.encode()
         except UnicodeEncodeError as exc:
             raise InvalidEventError(
-                f"key for topic {topic!r} is not encodable as UTF-8: {exc.reason}"
+                f"key for {kind} {name!r} is not encodable as UTF-8: {exc.reason}"
             ) from None
     elif key is None or type(key) is bytes:
         raw_key = key
     else:
         raise InvalidEventError(
-            f"key for topic {topic!r} must be bytes, str or None, got {type(key).__name__}"
+            f"key for {kind} {name!r} must be bytes, str or None, got {type(key).__name__}"
         )
-    event = WireEvent(value, raw_key, normalize_headers(headers))
-    validate_topic(topic)
-    return event
+    return WireEvent(value, raw_key, normalize_headers(headers))
 
 
-def wire_size(event: WireEvent) -> int:
-    """Bytes the event takes in a SEND body, to keep frames under the agent's maximum."""
-    size = 1
+def wire_size(event: WireEvent, routing_key: str | None = None) -> int:
+    """Bytes the event takes in a SEND (or, with its routing key, a PUBLISH) body.
+
+    Clients keep frames under the agent's maximum with it.
+    """
+    size = 1 if routing_key is None else 3 + len(routing_key.encode())
     if event.key is not None:
         size += 4 + len(event.key)
     if event.value is not None:

@@ -26,14 +26,16 @@ from eventspool.agent.protocol import (
     FrameDecoder,
     FrameType,
     ProtocolError,
+    RoutedEvent,
     Status,
     WireEvent,
     decode_error,
     decode_send_result,
     encode_frame,
+    encode_publish,
     encode_send,
 )
-from eventspool.client.common import wire_event, wire_size
+from eventspool.client.common import routed_wire_event, wire_event, wire_size
 from eventspool.envelope import HeadersInput
 from eventspool.errors import (
     EventspoolError,
@@ -42,6 +44,8 @@ from eventspool.errors import (
     InvalidTopicError,
     SpoolClosedError,
     SpoolFullError,
+    UnknownExchangeError,
+    UnroutableError,
 )
 
 _SEND_OVERHEAD = 9 + 2 + 4  # frame header, topic length, event count
@@ -58,6 +62,8 @@ _ERRORS: Mapping[Status, type[EventspoolError]] = {
     Status.MALFORMED: InvalidEventError,
     Status.SHUTTING_DOWN: SpoolClosedError,
     Status.INTERNAL: AgentError,
+    Status.UNKNOWN_EXCHANGE: UnknownExchangeError,
+    Status.UNROUTABLE: UnroutableError,
 }
 
 
@@ -70,9 +76,22 @@ def raise_for(result: EventResult) -> str:
 
 @dataclass(slots=True)
 class _Waiting:
-    topic: str
+    topic: str | None  # None: published through `exchange`
     event: WireEvent
     future: Future[str]
+    exchange: str | None = None
+    routing_key: str = ""
+
+
+def _encode(request_id: int, chunk: list[_Waiting]) -> bytes:
+    """A SEND frame for a chunk of one topic, a PUBLISH frame for one of an exchange."""
+    first = chunk[0]
+    if first.exchange is None:
+        assert first.topic is not None
+        return encode_send(request_id, first.topic, [w.event for w in chunk])
+    return encode_publish(
+        request_id, first.exchange, [RoutedEvent(w.routing_key, w.event) for w in chunk]
+    )
 
 
 class Client:
@@ -100,18 +119,28 @@ class Client:
 
     def send(
         self,
-        topic: str,
+        topic: str | None,
         value: bytes | None,
         key: bytes | str | None = None,
         headers: HeadersInput | None = None,
+        *,
+        exchange: str | None = None,
+        routing_key: str = "",
     ) -> str:
         """Hand one event to the agent; returns its event_id once the agent spooled it.
 
         Raises what `Spool.send()` raises for the event itself, AgentError when the agent
         cannot be reached within `timeout` (the event may or may not have been spooled
-        if the connection broke after it was written).
+        if the connection broke after it was written). With `exchange` (and
+        `topic=None`) the agent routes the event by `routing_key`, as `Spool.send()` does.
         """
-        waiting = _Waiting(topic, wire_event(topic, value, key, headers), Future())
+        if exchange is None:
+            waiting = _Waiting(topic, wire_event(topic, value, key, headers), Future())
+        else:
+            event = routed_wire_event(
+                topic, value, key, headers, exchange=exchange, routing_key=routing_key
+            )
+            waiting = _Waiting(None, event, Future(), exchange, routing_key)
         with self._lock:
             self._waiting.append(waiting)
         while not waiting.future.done():
@@ -160,8 +189,7 @@ class Client:
             requests = []
             for chunk in chunks:
                 request_id = self._next_id()
-                frame = encode_send(request_id, chunk[0].topic, [w.event for w in chunk])
-                requests.append((request_id, frame, len(chunk)))
+                requests.append((request_id, _encode(request_id, chunk), len(chunk)))
             answers = self._exchange(requests)
             for (request_id, _, _), chunk in zip(requests, chunks, strict=True):
                 results = answers[request_id]
@@ -180,20 +208,22 @@ class Client:
                     item.future.set_exception(error)
 
     def _chunks(self, batch: list[_Waiting]) -> list[list[_Waiting]]:
-        """One SEND per topic, split so that no frame exceeds the agent's maximum."""
-        by_topic: dict[str, list[_Waiting]] = {}
+        """One SEND per topic (PUBLISH per exchange), split to stay under the agent's maximum."""
+        by_target: dict[tuple[str | None, str | None], list[_Waiting]] = {}
         for item in batch:
-            by_topic.setdefault(item.topic, []).append(item)
+            by_target.setdefault((item.topic, item.exchange), []).append(item)
         chunks: list[list[_Waiting]] = []
         budget = self.max_frame_bytes - _SEND_OVERHEAD
-        for topic, group in by_topic.items():
+        for (topic, exchange), group in by_target.items():
+            name = exchange if exchange is not None else topic
+            name_size = len(name.encode()) if name is not None else 0
             chunk: list[_Waiting] = []
-            size = len(topic.encode())
+            size = name_size
             for item in group:
-                item_size = wire_size(item.event)
+                item_size = wire_size(item.event, None if exchange is None else item.routing_key)
                 if chunk and (size + item_size > budget or len(chunk) >= MAX_EVENTS_PER_SEND):
                     chunks.append(chunk)
-                    chunk, size = [], len(topic.encode())
+                    chunk, size = [], name_size
                 chunk.append(item)
                 size += item_size
             chunks.append(chunk)

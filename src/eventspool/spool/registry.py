@@ -4,6 +4,7 @@ Directory layout::
 
     DIR/LOCK                           owner lock (see lock.py)
     DIR/partitions.json                partition count per topic, as last learned
+    DIR/exchanges.json                 runtime exchange declarations (routing/table.py)
     DIR/topics/<topic>/<n>.queue       ring of partition n
     DIR/topics/<topic>/pending.queue   events of a topic whose partition count is unknown
 
@@ -17,7 +18,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from eventspool.config import SpoolSettings
 from eventspool.envelope import decode
 from eventspool.errors import QueueFileError
 from eventspool.spool.partitioner import StickyPartitioner, partition_for_key
-from eventspool.spool.ring import RingQueue
+from eventspool.spool.ring import RingQueue, append_to_each
 
 PARTITIONS_FILE = "partitions.json"
 TOPICS_DIR = "topics"
@@ -98,6 +100,26 @@ class TopicQueues:
             partition = partition_for_key(key, count)
         self.partition_ring(partition).append(payload, timestamp_ms)
 
+    def ring_for(self, key: bytes | None, size: int, held: ExitStack) -> RingQueue:
+        """The ring `append` would pick, for a caller that writes to it under its own locks.
+
+        While the partition count is unknown the ring is the pending one, and the topic
+        lock is entered into `held`, so the pending ring cannot be moved away before the
+        caller has written to it.
+        """
+        count = self.partition_count
+        if count is None:
+            held.enter_context(self.lock)
+            if self.partition_count is None:
+                return self.pending_ring()
+            count = self.partition_count
+        if key is None:
+            with self.lock:
+                partition = self._sticky.partition(count, size, self.available)
+        else:
+            partition = partition_for_key(key, count)
+        return self.partition_ring(partition)
+
     def refs(self) -> list[QueueRef]:
         with self.lock:
             refs = [QueueRef(self.name, p, ring) for p, ring in sorted(self.partitions.items())]
@@ -166,6 +188,18 @@ class QueueRegistry:
             )
             self._topics[name] = topic
         return topic
+
+    def append_to_each(
+        self, topics: Sequence[TopicQueues], key: bytes | None, payload: bytes, timestamp_ms: int
+    ) -> None:
+        """One event into a queue of each topic: all of them, or none (ring.append_to_each).
+
+        `topics` must be distinct and sorted by name: the one order in which every caller
+        takes their locks.
+        """
+        with ExitStack() as held:
+            rings = [topic.ring_for(key, len(payload), held) for topic in topics]
+            append_to_each(rings, payload, timestamp_ms)
 
     def topics(self) -> list[TopicQueues]:
         with self._lock:

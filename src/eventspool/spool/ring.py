@@ -53,6 +53,8 @@ import mmap
 import os
 import struct
 import threading
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -414,6 +416,13 @@ class RingQueue:
             self._commit.wait_durable(last, last)
         return first
 
+    def _fits(self, size: int) -> bool:
+        """Whether a record of `size` bytes fits at the tail without dropping anything."""
+        cap = self._capacity
+        room = cap - self._tail % cap
+        needed = size + (room if room < size else 0)
+        return cap - (self._tail - self._head) >= needed
+
     def _bad_length(self, length: int) -> InvalidEventError:
         if not length:
             return InvalidEventError("a queue record must not be empty")
@@ -666,6 +675,58 @@ class RingQueue:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def append_to_each(rings: Sequence[RingQueue], payload: bytes, timestamp_ms: int) -> None:
+    """Append one payload to every ring, or to none of them; returns once all are durable.
+
+    Every ring's lock is taken, in the order given, before anything is written; the
+    record is written only when each ring has room for it (`drop_oldest` rings always
+    make room). A ring full under `reject` raises SpoolFullError; under `block` the locks
+    are let go while that ring drains, up to its `block_timeout_s`, and everything is
+    checked again. Callers pass the rings in one global order (the spool sorts by topic),
+    or two concurrent calls could deadlock.
+
+    A crash in the middle of the writes may leave the record in some rings only: the
+    call never returned, so nobody was told it succeeded.
+    """
+    length = len(payload)
+    size = frame_size(length)
+    for ring in rings:
+        if not 0 < length <= ring._max_payload:
+            raise ring._bad_length(length)
+    deadline: float | None = None
+    seqs: list[int] = []
+    while True:
+        full: RingQueue | None = None
+        with ExitStack() as held:
+            for ring in rings:
+                held.enter_context(ring._lock)
+            for ring in rings:
+                if ring._closed:
+                    raise SpoolClosedError(f"queue {ring.path} is closed")
+                if ring.settings.full_policy is not FullPolicy.DROP_OLDEST and not ring._fits(size):
+                    full = ring
+                    break
+            else:
+                seqs = [ring._write_locked(payload, timestamp_ms) for ring in rings]
+        if full is None:
+            break
+        where = f"{full.path.parent.name}/{full.path.name}"
+        now = full._clock.monotonic()
+        if deadline is None:
+            deadline = now + full.settings.block_timeout_s
+        if full.settings.full_policy is FullPolicy.REJECT or now >= deadline:
+            raise SpoolFullError(
+                f"queue {where} is full (policy {full.settings.full_policy.value}): "
+                f"the event was written to none of its {len(rings)} queues"
+            )
+        with full._space:
+            if not full._closed and not full._fits(size):
+                full._space.wait(deadline - now)
+    for ring, seq in zip(rings, seqs, strict=True):
+        if ring._commit is not None:
+            ring._commit.wait_durable(seq, ring._next_seq - 1)
 
 
 def _create_file(path: Path, capacity: int) -> None:

@@ -1,0 +1,375 @@
+"""Routing decisions per second with 10k bindings, and send() through an exchange.
+
+What one run measures (each figure is the median over the repetitions):
+
+1. Routing decisions: a topic exchange with `BINDINGS` binding keys shaped like
+   `region.service.severity.event` (literal words, `*` and a trailing `#`), bound to
+   `TARGET_TOPICS` topics, routes random four-word routing keys. Ours: the compiled
+   exchange (the trie), as `Spool.send()` uses it, returning the sorted target topics.
+   The anchor, in the same run on the same keys: the naive router, a loop over every
+   binding's compiled regular expression (eventspool.routing.reference), collecting
+   and sorting the topics. Both answers are compared on every key the anchor routes.
+   Also reported: the trie alone, a direct and a fanout exchange, and the build times.
+2. send() through an exchange against a plain send() in the same run: one thread,
+   keyless 100-byte values, durability `process`, no sender; rings emptied with
+   read_batch + ack between passes, outside the timed region. Through the topic exchange
+   of (1), with routing keys that each reach exactly one topic (plus the alternate
+   topic for unroutable ones: none here); and through a fanout exchange to three topics,
+   all or nothing (three writes per event).
+
+The LAST line on stdout is one JSON object; progress and a table go to stderr.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from _common import (
+    BenchArgs,
+    elapsed_s,
+    emit_result,
+    filesystem_type,
+    load_average_1m,
+    machine,
+    median,
+    parse_args,
+    print_table,
+    progress,
+    safe_ratio,
+)
+from eventspool.config import MIB, QueueSettings, SpoolSettings
+from eventspool.routing import Binding, Exchange, ExchangeType
+from eventspool.routing.exchanges import CompiledExchange
+from eventspool.routing.reference import RegexMatcher
+from eventspool.routing.trie import TopicTrie
+from eventspool.spool.api import Spool
+
+BINDINGS = 10_000
+TARGET_TOPICS = 100
+# Vocabulary per word position of a routing key: region.service.severity.event
+POSITIONS = (20, 1000, 5, 100)
+STAR_CHANCE = 0.15
+MAX_STARS = 2
+HASH_TAIL_CHANCE = 0.01
+PAYLOAD_BYTES = 100
+CAPACITY_BYTES = 64 * MIB
+SEED = 20_240_807
+FANOUT_TOPICS = ("fan-a", "fan-b", "fan-c")
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    route_seconds: float  # per pass of ours
+    anchor_keys: int  # per pass of the anchor (each costs one regex per binding)
+    send_events: int  # per send() pass
+
+
+QUICK = Profile(route_seconds=0.3, anchor_keys=150, send_events=30_000)
+FULL = Profile(route_seconds=1.0, anchor_keys=600, send_events=150_000)
+
+
+class Runs:
+    """Per-run values by figure name; each figure is reported as their median."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = {}
+
+    def add(self, name: str, value: float) -> None:
+        self.values.setdefault(name, []).append(value)
+
+    def medians(self) -> dict[str, float]:
+        return {name: median(values) for name, values in self.values.items()}
+
+
+# ---- the workload ------------------------------------------------------------------
+
+
+def word(position: int, index: int) -> str:
+    return f"p{position}w{index}"
+
+
+def binding_keys(rng: random.Random, count: int) -> list[str]:
+    """Distinct binding keys: the region literal, then literals, up to two `*`, maybe `#`.
+
+    Without a literal region, or with more wildcards, a few catch-all keys would bind
+    most routing keys to most topics: unlike real routing tables.
+    """
+    keys: set[str] = set()
+    while len(keys) < count:
+        words = [word(0, rng.randrange(POSITIONS[0]))]
+        stars = 0
+        for position, size in enumerate(POSITIONS[1:], start=1):
+            if rng.random() < HASH_TAIL_CHANCE:
+                words.append("#")
+                break
+            if stars < MAX_STARS and rng.random() < STAR_CHANCE:
+                words.append("*")
+                stars += 1
+            else:
+                words.append(word(position, rng.randrange(size)))
+        keys.add(".".join(words))
+    return sorted(keys)
+
+
+def routing_keys(rng: random.Random, count: int) -> list[str]:
+    return [
+        ".".join(word(position, rng.randrange(size)) for position, size in enumerate(POSITIONS))
+        for _ in range(count)
+    ]
+
+
+def topic_exchange(keys: Sequence[str], rng: random.Random) -> Exchange:
+    topics = [f"t{n:03d}" for n in range(TARGET_TOPICS)]
+    return Exchange(
+        "bench-topic",
+        ExchangeType.TOPIC,
+        tuple(Binding(rng.choice(topics), key) for key in keys),
+        alternate_topic="bench-unroutable",
+    )
+
+
+# ---- routing decisions -------------------------------------------------------------
+
+
+def rate_of(route: Callable[[str], object], keys: Sequence[str], seconds: float) -> float:
+    """Decisions per second, cycling over `keys` for about `seconds`."""
+    done = 0
+    started = time.perf_counter()
+    deadline = started + seconds
+    while True:
+        for key in keys:
+            route(key)
+        done += len(keys)
+        now = time.perf_counter()
+        if now >= deadline:
+            return done / (now - started)
+
+
+def anchor_route(matcher: RegexMatcher[str]) -> Callable[[str], tuple[str, ...]]:
+    def route(key: str) -> tuple[str, ...]:
+        return tuple(sorted(matcher.match(key)))
+
+    return route
+
+
+def ours_route(compiled: CompiledExchange) -> Callable[[str], tuple[str, ...]]:
+    def route(key: str) -> tuple[str, ...]:
+        found = compiled.route(key)
+        return () if found is None or found.unroutable else found.topics
+
+    return route
+
+
+# ---- send() passes -------------------------------------------------------------------
+
+
+def drain(spool: Spool) -> int:
+    drained = 0
+    for ref in spool.queues():
+        while batch := ref.ring.read_batch(max_records=10_000, max_bytes=64 * MIB):
+            ref.ring.ack(batch[-1].seq)
+            drained += len(batch)
+    return drained
+
+
+def send_pass(spool: Spool, call: Callable[[int], object], events: int, writes: int) -> float:
+    """Events per second of `events` calls; checks that `writes` records were queued each."""
+    started = time.perf_counter()
+    for index in range(events):
+        call(index)
+    seconds = time.perf_counter() - started
+    queued = drain(spool)
+    if queued != events * writes:
+        raise RuntimeError(f"{events} sends queued {queued} records, expected {events * writes}")
+    return events / seconds
+
+
+def run(args: BenchArgs) -> dict[str, object]:
+    profile = QUICK if args.quick else FULL
+    rng = random.Random(SEED)
+    runs = Runs()
+    facts: dict[str, object] = {"load_average_1m_start": load_average_1m()}
+
+    keys = binding_keys(rng, BINDINGS)
+    exchange = topic_exchange(keys, rng)
+    started = time.perf_counter()
+    compiled = CompiledExchange.build(exchange)
+    facts["trie_build_ms"] = round((time.perf_counter() - started) * 1000, 1)
+    started = time.perf_counter()
+    matcher = RegexMatcher((b.key, b.topic) for b in exchange.bindings)
+    facts["regex_compile_ms"] = round((time.perf_counter() - started) * 1000, 1)
+    trie = TopicTrie((b.key, b.topic) for b in exchange.bindings)
+    literal_bindings = tuple(b for b in exchange.bindings if "*" not in b.key and "#" not in b.key)
+    direct = CompiledExchange.build(Exchange("bench-direct", ExchangeType.DIRECT, literal_bindings))
+    fanout_exchange = Exchange(
+        "bench-fanout", ExchangeType.FANOUT, tuple(Binding(t) for t in FANOUT_TOPICS)
+    )
+    fanout = CompiledExchange.build(fanout_exchange)
+    sample = routing_keys(rng, 20_000)
+    ours, anchor = ours_route(compiled), anchor_route(matcher)
+    targets = [ours(key) for key in sample]
+    facts["targets_per_key_mean"] = round(sum(map(len, targets)) / len(targets), 3)
+    facts["unroutable_share"] = round(sum(1 for t in targets if not t) / len(targets), 4)
+    progress(
+        f"{BINDINGS:,} bindings: trie built in {facts['trie_build_ms']} ms, regexes compiled "
+        f"in {facts['regex_compile_ms']} ms; {facts['targets_per_key_mean']} topics per key"
+    )
+
+    spool_dir = Path(tempfile.mkdtemp(prefix="bench-routing-", dir=args.scratch_parent))
+    facts["filesystem"] = filesystem_type(spool_dir)
+    one_target = [key for key, found in zip(sample, targets, strict=True) if len(found) == 1]
+    value = bytes(PAYLOAD_BYTES)
+    settings = SpoolSettings(queue=QueueSettings(capacity_bytes=CAPACITY_BYTES))
+    spool = Spool(spool_dir, settings=settings, exchanges=[exchange, fanout_exchange])
+    try:
+        for topic in {*compiled.exchange.topics(), *FANOUT_TOPICS, "plain"}:
+            spool.set_partition_count(topic, 1)
+        send = spool.send
+        n_keys = len(one_target)
+
+        def plain(index: int) -> object:
+            return send("plain", value)
+
+        def through_topic(index: int) -> object:
+            return send(None, value, exchange="bench-topic", routing_key=one_target[index % n_keys])
+
+        def through_fanout(index: int) -> object:
+            return send(None, value, exchange="bench-fanout")
+
+        for name, call, writes in (
+            ("plain", plain, 1),
+            ("topic", through_topic, 1),
+            ("fanout3", through_fanout, 3),
+        ):
+            send_pass(spool, call, profile.send_events // 3, writes)  # warm-up, not recorded
+            progress(f"warm-up: send {name}")
+
+        for rep in range(args.repeats):
+            runs.add("route_ours", rate_of(ours, sample, profile.route_seconds))
+            anchor_keys = sample[rep * profile.anchor_keys : (rep + 1) * profile.anchor_keys]
+            anchor_started = time.perf_counter()
+            answers = [anchor(key) for key in anchor_keys]
+            runs.add("route_anchor", len(anchor_keys) / (time.perf_counter() - anchor_started))
+            if answers != [ours(key) for key in anchor_keys]:
+                raise RuntimeError("the trie and the regex loop disagree")
+            runs.add("trie_match", rate_of(trie.match, sample, profile.route_seconds))
+            runs.add("route_direct", rate_of(direct.route, sample, profile.route_seconds / 3))
+            runs.add("route_fanout", rate_of(fanout.route, sample, profile.route_seconds / 3))
+            for name, call, writes in (
+                ("plain", plain, 1),
+                ("topic", through_topic, 1),
+                ("fanout3", through_fanout, 3),
+            ):
+                runs.add(f"send_{name}", send_pass(spool, call, profile.send_events, writes))
+            figures = {k: v[-1] for k, v in runs.values.items()}
+            progress(
+                f"rep {rep + 1}/{args.repeats}: route {figures['route_ours']:,.0f}/s vs regex "
+                f"loop {figures['route_anchor']:,.0f}/s; send plain {figures['send_plain']:,.0f}/s,"
+                f" topic exchange {figures['send_topic']:,.0f}/s, "
+                f"fanout x3 {figures['send_fanout3']:,.0f}/s"
+            )
+    finally:
+        spool.close()
+        if not args.keep:
+            shutil.rmtree(spool_dir, ignore_errors=True)
+    facts["load_average_1m_end"] = load_average_1m()
+    return build_result(args, profile, runs, facts)
+
+
+def build_result(
+    args: BenchArgs, profile: Profile, runs: Runs, facts: dict[str, object]
+) -> dict[str, object]:
+    figures = runs.medians()
+    ours, anchor = figures["route_ours"], figures["route_anchor"]
+    return {
+        "figure": "topic_routing_decisions_per_s_10k_bindings",
+        "ours": round(ours),
+        "anchor": round(anchor, 1),
+        "ratio": safe_ratio(ours, anchor, 1),
+        "unit": "routing decisions/s (one thread)",
+        "trie_match_per_s": round(figures["trie_match"]),
+        "direct_route_per_s": round(figures["route_direct"]),
+        "fanout_route_per_s": round(figures["route_fanout"]),
+        "send_plain_per_s": round(figures["send_plain"]),
+        "send_topic_exchange_per_s": round(figures["send_topic"]),
+        "send_topic_exchange_vs_plain_ratio": safe_ratio(
+            figures["send_topic"], figures["send_plain"], 3
+        ),
+        "send_fanout3_events_per_s": round(figures["send_fanout3"]),
+        "send_fanout3_writes_per_s": round(3 * figures["send_fanout3"]),
+        "send_fanout3_vs_plain_ratio": safe_ratio(
+            figures["send_fanout3"], figures["send_plain"], 3
+        ),
+        "runs": {name: [round(v, 1) for v in values] for name, values in runs.values.items()},
+        "settings": {
+            "bindings": BINDINGS,
+            "target_topics": TARGET_TOPICS,
+            "binding_key_shape": "region.service.severity.event; vocabularies "
+            f"{list(POSITIONS)}; the region literal, then each word `#` (ending the key) "
+            f"with p={HASH_TAIL_CHANCE}, else `*` with p={STAR_CHANCE} (at most "
+            f"{MAX_STARS}), else a literal",
+            "routing_keys": "four literal words drawn uniformly from the vocabularies, "
+            "20,000 of them, cycled",
+            "ours": "CompiledExchange.route (the trie), sorted topics, as Spool.send uses it",
+            "anchor": "a loop over 10k compiled regexes (routing/reference.py), matching "
+            "topics collected and sorted; answers checked equal to ours on its keys",
+            "anchor_keys_per_pass": profile.anchor_keys,
+            "route_pass_seconds": profile.route_seconds,
+            "send": f"one thread, keyless {PAYLOAD_BYTES}-byte values, durability process, "
+            f"{CAPACITY_BYTES // MIB} MiB rings, one partition per topic, no sender; "
+            f"{profile.send_events:,} events per pass, rings drained between passes "
+            "outside the timed region",
+            "send_topic_exchange": "routing keys that reach exactly one topic",
+            "send_fanout3": "fanout exchange to 3 topics: every event written to 3 rings, all "
+            "or nothing",
+            "repetitions": args.repeats,
+            "median_over": "repetitions",
+            "quick": args.quick,
+        },
+        **facts,
+        "versions": {"eventspool": metadata.version("eventspool")},
+        "machine": machine(),
+        "elapsed_s": round(elapsed_s(), 1),
+    }
+
+
+def print_summary(result: dict[str, object]) -> None:
+    print_table(
+        ["figure", "per s"],
+        [
+            ["route: compiled topic exchange (trie)", result["ours"]],
+            ["route: loop over 10k regexes (anchor)", result["anchor"]],
+            ["trie.match alone", result["trie_match_per_s"]],
+            ["route: direct exchange", result["direct_route_per_s"]],
+            ["route: fanout exchange", result["fanout_route_per_s"]],
+            ["send(): plain topic", result["send_plain_per_s"]],
+            ["send(): topic exchange, one target", result["send_topic_exchange_per_s"]],
+            ["send(): fanout to 3 topics (events)", result["send_fanout3_events_per_s"]],
+        ],
+    )
+    print(
+        f"\nheadline: {result['ours']:,} routing decisions/s against {result['anchor']:,} "
+        f"for the regex loop, ratio {result['ratio']}; send through a topic exchange at "
+        f"{result['send_topic_exchange_vs_plain_ratio']} of a plain send",
+        file=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args("Routing decisions/s with 10k bindings; send() through exchanges", argv)
+    result = run(args)
+    print_summary(result)
+    emit_result(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
