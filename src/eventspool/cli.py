@@ -16,6 +16,7 @@ from eventspool.agent.service import run
 from eventspool.broker.cli import broker
 from eventspool.client.sync import AgentError, Client
 from eventspool.errors import EventspoolError, SpoolLockedError
+from eventspool.spark.cli import pipeline
 from eventspool.spool.inspect import QueueReport, SpoolReport, inspect_spool
 from eventspool.status import render_status
 
@@ -233,3 +234,4 @@ def status(socket_path: Path, interval: float, once: bool) -> None:
 
 
 main.add_command(broker)
+main.add_command(pipeline)
