@@ -108,7 +108,7 @@ def read_back(bootstrap: str, topic: str, partitions: int, count: int) -> list[A
 
     With a count of -1, every record: reading stops once the ends are reached.
     """
-    consumer = Consumer(
+    consumer: Any = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"check-{uuid.uuid4().hex[:8]}",
