@@ -5,10 +5,13 @@ over the same events; replays and backfills change nothing."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pyarrow.parquet as pq
@@ -20,7 +23,7 @@ from eventspool.spark.jobs.parse import parse_events
 from eventspool.spark.jobs.rules import load_rules
 from eventspool.spark.jobs.runner import PipelineConfig, PipelineSink, backfill, run
 from eventspool.spark.source import FORMAT
-from tests.spark.conftest import SPARK_MARKS
+from tests.spark.conftest import SPARK_MARKS, produce
 from tests.spark.pipeline_data import (
     RULES_TOML,
     Expected,
@@ -155,3 +158,65 @@ def test_backfill_of_the_days_gives_the_same_outputs_and_is_idempotent(
     run(spark, streamed, once=True, progress=lambda _line: None)
     backfill(spark, config, days[0], days[-1], progress=lambda _line: None)
     _check_outputs(config, sent)
+
+
+def test_late_events_are_kept_and_later_duplicates_dropped(
+    spark: SparkSession,
+    broker: LocalBroker,
+    database: str,
+    topic_factory: Callable[[int], str],
+    tmp_path: Path,
+) -> None:
+    """An event created days before the events already processed (a spool cut off from
+    Kafka delivers it late) is archived and counted; a duplicate of an archived event in
+    a later micro-batch is not."""
+    topic = topic_factory(2)
+    now = int(time.time() * 1000)
+    day = 86_400_000
+
+    def order(event_id: str, stamp: int, partition: int) -> tuple[Any, ...]:
+        body = {
+            "type": "order_created",
+            "user_id": event_id,
+            "status": "paid",
+            "amount_cents": 1_000,
+        }
+        return (
+            partition,
+            b"k",
+            json.dumps(body).encode(),
+            stamp,
+            [("event_id", event_id.encode())],
+        )
+
+    def send(rows: list[tuple[Any, ...]]) -> None:
+        produce(
+            broker.bootstrap_servers,
+            topic,
+            [(p, k, v) for p, k, v, _, _ in rows],
+            timestamps=[stamp for *_, stamp, _ in rows],
+            headers=[h for *_, h in rows],
+        )
+
+    current = [order(f"now-{n}", now, n % 2) for n in range(20)]
+    late = [order(f"late-{n}", now - 3 * day, n % 2) for n in range(5)]
+    config = PipelineConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        output=tmp_path / "out",
+        checkpoint=tmp_path / "checkpoint",
+        dsn=database,
+        topics=(topic,),
+    )
+    send(current)
+    assert run(spark, config, once=True, progress=lambda _line: None).events == 20
+    send(current[:10] + late)
+    second = run(spark, config, once=True, progress=lambda _line: None)
+    assert second.events == 5
+    ids = archive_ids(config.output)
+    assert sorted(ids) == sorted([f"now-{n}" for n in range(20)] + [f"late-{n}" for n in range(5)])
+    late_day = datetime.fromtimestamp((now - 3 * day) / 1000, UTC).date()
+    assert (config.output / "archive" / f"topic={topic}" / f"date={late_day}").is_dir()
+    assert sum(n for n, _ in table_stats(database).values()) == 25
+    rewards = table_rewards(database)
+    assert rewards[("late-0", late_day)] == 20  # 2% of 1000 cents, the default rule
+    assert len(rewards) == 25

@@ -136,7 +136,7 @@ def pipeline() -> None:
     "--watermark",
     default="1 hour",
     show_default=True,
-    help="How late a duplicate may arrive and still be dropped.",
+    help="How long after an event a duplicate of it is still dropped (late events are kept).",
 )
 @click.option("--trigger-seconds", default=5.0, show_default=True, help="Seconds between batches.")
 def run(**params: Any) -> None:

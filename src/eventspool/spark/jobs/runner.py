@@ -1,10 +1,11 @@
 """The pipeline: Kafka -> deduplicated events -> raw archive, statistics and rewards.
 
 ``run`` is the streaming job (Trigger.AvailableNow with ``once``). Its plan is the source,
-the envelope parse and ``dropDuplicatesWithinWatermark(event_id)``, whose state lives in
-the checkpoint; every micro-batch then goes to `PipelineSink`, which writes it exactly
-once: archive files named by batch (replaced on replay), PostgreSQL in one transaction
-fenced by (query id, batch id), and Parquet snapshots rewritten from PostgreSQL.
+the envelope parse and ``dropDuplicatesWithinWatermark(event_id)`` (on arrival time),
+whose state lives in the checkpoint; every micro-batch then goes to `PipelineSink`,
+which writes it exactly once: archive files named by batch (replaced on replay),
+PostgreSQL in one transaction fenced by (query id, batch id), and Parquet snapshots
+rewritten from PostgreSQL.
 
 ``backfill`` is the batch job: it reads the records of whole UTC days (by timestamp),
 deduplicates them and replaces those days in the archive and in the tables.
@@ -198,10 +199,16 @@ def run(
     if config.max_offsets_per_trigger is not None:
         options["maxOffsetsPerTrigger"] = str(config.max_offsets_per_trigger)
     records = spark.readStream.format(FORMAT).options(**options).load()
+    # The watermark runs on arrival (the batch's time, the same again on a replay), not
+    # on the create time: an event that reaches Kafka hours late, as a spool that was cut
+    # off delivers it, is a late arrival, and Spark drops rows behind an event-time
+    # watermark. A duplicate is dropped if it arrives within `watermark` of the original.
     deduplicated = (
         _events(records, config.rules)
-        .withWatermark("event_time", config.watermark)
+        .withColumn("arrival", sf.current_timestamp())
+        .withWatermark("arrival", config.watermark)
         .dropDuplicatesWithinWatermark(["event_id"])
+        .drop("arrival")
     )
     sink = PipelineSink(config, progress)
     writer = (
