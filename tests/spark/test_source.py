@@ -13,14 +13,16 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.sql.streaming.query import StreamingQuery
 
 from eventspool.broker import LocalBroker, create_topic
-from eventspool.spark.kafka import OffsetReader
+from eventspool.spark.kafka import KafkaSourceError, OffsetReader, read_range_rows
 from eventspool.spark.offsets import TopicPartition
 from eventspool.spark.options import parse_options
-from eventspool.spark.source import FORMAT, KafkaStreamReader, kafka_schema
+from eventspool.spark.source import FORMAT, KafkaInputPartition, KafkaStreamReader, kafka_schema
 from tests.spark.conftest import SPARK_MARKS, produce
 
 pytestmark = SPARK_MARKS
@@ -300,3 +302,53 @@ def test_initial_offsets_survive_a_restart_before_the_first_batch(
     unpersisted = KafkaStreamReader(parse_options(raw, streaming=True))
     assert unpersisted.initialOffset() == {topic: {"0": 2, "1": 2}}
     unpersisted.stop()
+
+
+def _delete_topic(bootstrap: str, topic: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result(10)
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_recreated_topic_is_data_loss(
+    broker: LocalBroker, tmp_path: Path, fail_on_data_loss: bool
+) -> None:
+    """The broker cannot delete records, but it can delete a topic: offsets then go back.
+
+    Driven through the stream reader's calls, in the order Spark makes them, rather than
+    a running query: librdkafka was seen to crash when a topic is deleted while one of
+    its consumers is fetching from it.
+    """
+    topic = f"recreated-{uuid.uuid4().hex[:8]}"
+    create_topic(broker.bootstrap_servers, topic, 1)
+    produce(broker.bootstrap_servers, topic, [(0, None, b"old-%d" % i) for i in range(5)])
+    options = {
+        "kafka.bootstrap.servers": broker.bootstrap_servers,
+        "subscribe": topic,
+        "startingOffsets": "earliest",
+        "failOnDataLoss": str(fail_on_data_loss).lower(),
+    }
+    reader = KafkaStreamReader(parse_options(options, streaming=True))
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadAllAvailable())
+        assert end == {topic: {"0": 5}}
+        assert len(reader.partitions(start, end)) == 1
+        _delete_topic(broker.bootstrap_servers, topic)
+        create_topic(broker.bootstrap_servers, topic, 1)
+        produce(broker.bootstrap_servers, topic, [(0, None, b"new-%d" % i) for i in range(2)])
+        lower = reader.latestOffset(end, ReadAllAvailable())
+        assert lower == {topic: {"0": 2}}
+        if fail_on_data_loss:
+            with pytest.raises(KafkaSourceError, match="below the start offset 5"):
+                reader.partitions(end, lower)
+            return
+        assert reader.partitions(end, lower) == []
+        produce(broker.bootstrap_servers, topic, [(0, None, b"later-%d" % i) for i in range(3)])
+        later = reader.latestOffset(lower, ReadAllAvailable())
+        (partition,) = reader.partitions(lower, later)
+        assert isinstance(partition, KafkaInputPartition)
+        rows = list(read_range_rows(parse_options(options, streaming=True), partition.range))
+        assert [row[1] for row in rows] == [b"later-0", b"later-1", b"later-2"]
+    finally:
+        reader.stop()

@@ -6,9 +6,9 @@ assigned): offsets live in Spark's checkpoint, and group joins are slow on some 
 Exact end offsets. A broker's high watermark should be the last offset plus one. The
 embedded broker reports the base offset of the last record batch plus one instead, so
 the end is found by fetching from ``high watermark - 1`` up to the end of the log, which
-returns the rest of the last batch; on a correct broker that fetch returns one record
-and changes nothing. The result is cached by high watermark, so a partition without new
-records costs one ListOffsets request per trigger.
+returns the rest of the last batch; on a correct broker that fetch returns the batch
+holding the last record and changes nothing. It is not cached: a topic deleted and
+recreated between two looks can show the same watermarks with a different end.
 
 Timestamps. ``offsets_for_times`` gives the first offset whose timestamp is at least the
 one asked for; the embedded broker answers 0 for every timestamp. The answer is
@@ -89,11 +89,11 @@ class OffsetReader:
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
         self._consumer: Any = None
-        self._ends: dict[TopicPartition, tuple[int, int]] = {}
 
     def _client(self) -> Any:
+        """The metadata consumer: it is never assigned partitions (see `_scan`)."""
         if self._consumer is None:
-            self._consumer = Consumer(consumer_config(self._options, **{"fetch.wait.max.ms": 10}))
+            self._consumer = Consumer(consumer_config(self._options))
         return self._consumer
 
     def close(self) -> None:
@@ -137,20 +137,15 @@ class OffsetReader:
         probes: dict[TopicPartition, int] = {}
         for tp in tps:
             low, high = self._watermarks(tp)
-            cached = self._ends.get(tp)
             if high <= low:
                 result[tp] = high
-            elif cached is not None and cached[0] == high:
-                result[tp] = cached[1]
             else:
                 probes[tp] = high
         if probes:
             starts = {tp: high - 1 for tp, high in probes.items()}
             ends = self._scan(starts, lambda _tp, _message: False)
             for tp, high in probes.items():
-                end = max(high, ends[tp])
-                self._ends[tp] = (high, end)
-                result[tp] = end
+                result[tp] = max(high, ends[tp])
         return result
 
     def offsets_for_timestamp(
@@ -190,8 +185,12 @@ class OffsetReader:
         self, starts: dict[TopicPartition, int], stop: Callable[[TopicPartition, Any], bool]
     ) -> dict[TopicPartition, int]:
         """Read each partition from its start until `stop` says so or the log ends;
-        return the next offset reached per partition (the log's end when it ended)."""
-        consumer = self._client()
+        return the next offset reached per partition (the log's end when it ended).
+
+        A consumer of its own, closed at once: librdkafka (2.x) was seen to crash in a
+        consumer that had fetched from a topic when that topic was deleted later.
+        """
+        consumer: Any = Consumer(consumer_config(self._options, **{"fetch.wait.max.ms": 10}))
         reached = dict(starts)
         pending = set(starts)
         consumer.assign([_to_kafka(tp, offset) for tp, offset in starts.items()])
@@ -218,7 +217,7 @@ class OffsetReader:
                     if stop(tp, message):
                         pending.discard(tp)
         finally:
-            consumer.unassign()
+            consumer.close()
         return reached
 
 
