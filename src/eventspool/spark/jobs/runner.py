@@ -14,7 +14,6 @@ deduplicates them and replaces those days in the archive and in the tables.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,8 +38,6 @@ Progress = Callable[[str], None]
 # Records are found by timestamp; read this far beyond the days so that records whose
 # create time is slightly out of order in the log are not missed.
 BACKFILL_SLACK = timedelta(minutes=10)
-
-_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
