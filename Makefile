@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint unit slow bench clean
+.PHONY: run test lint unit slow bench clean java
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,10 +13,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-run: $(STAMP)
+# Spark needs a Java runtime: install one where the machine has none (Debian, as root).
+java:
+	@command -v java >/dev/null 2>&1 || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+		openjdk-17-jre-headless; }
+
+run: $(STAMP) java
 	$(BIN)/python -m eventspool.demo
 
-test: $(STAMP) lint
+test: $(STAMP) java lint
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -27,10 +33,10 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 
-slow: $(STAMP)
+slow: $(STAMP) java
 	$(BIN)/python -m pytest -n 2 -m slow $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP) java
 	for script in bench/[!_]*.py; do $(BIN)/python $$script --quick || exit 1; done
 
 clean:

@@ -20,6 +20,7 @@ from eventspool.client.sync import AgentError, Client
 from eventspool.consumer import Consumer, ConsumerSettings, HandlerError, Ordering
 from eventspool.consumer.metrics import serve_metrics
 from eventspool.errors import EventspoolError, SpoolLockedError
+from eventspool.spark.cli import pipeline
 from eventspool.spool.inspect import QueueReport, SpoolReport, inspect_spool
 from eventspool.status import render_status
 
@@ -357,3 +358,6 @@ def consume(
 def _print_status_lines(consumer: Consumer, interval: float, done: threading.Event) -> None:
     while not done.wait(interval):
         click.echo(consumer.status().line(), err=True)
+
+
+main.add_command(pipeline)

