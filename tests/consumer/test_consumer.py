@@ -65,6 +65,10 @@ def make_consumer(
     )
 
 
+def partition_0_committed(broker: LocalBroker, consumer: Consumer, topic: str) -> int:
+    return committed(broker.bootstrap_servers, consumer.group, topic, 1)[0]
+
+
 def test_every_event_is_handled_once_in_key_order_and_committed_to_the_true_end(
     broker: LocalBroker, topic_factory: Any, tmp_path: Path
 ) -> None:
@@ -195,18 +199,25 @@ def test_sigkill_of_a_worker_mid_handler_retries_the_event_and_only_then_commits
         commit_every_s=0.1,
     )
 
-    def committed_offset() -> int:
-        return committed(broker.bootstrap_servers, consumer.group, topic, 1)[0]
-
     with consumer:
         wait_for(started.exists, 30, "the victim's handler to start")
         wait_for(lambda: consumer.status().counters.processed == 10, 30, "the other events")
-        wait_for(lambda: committed_offset() == 5, 10, "a commit up to the victim")
+        wait_for(
+            lambda: partition_0_committed(broker, consumer, topic) == 5,
+            10,
+            "a commit up to the victim",
+        )
         time.sleep(0.5)
-        assert committed_offset() == 5, "committed past an event still running"
+        assert partition_0_committed(broker, consumer, topic) == 5, (
+            "committed past an event still running"
+        )
         os.kill(int(started.read_text()), signal.SIGKILL)
         wait_for(lambda: consumer.status().counters.processed == 11, 30, "the retried victim")
-        wait_for(lambda: committed_offset() == 11, 10, "a commit past the victim")
+        wait_for(
+            lambda: partition_0_committed(broker, consumer, topic) == 11,
+            10,
+            "a commit past the victim",
+        )
         assert consumer.status().counters.worker_restarts == 1
     attempts = handled_attempts(out)
     assert attempts.pop(ids[5]) == [2]
@@ -230,16 +241,23 @@ def test_commits_happen_every_n_events_or_t_seconds_of_the_injected_clock(
         commit_every_s=3600,
     )
 
-    def committed_offset() -> int:
-        return committed(broker.bootstrap_servers, consumer.group, topic, 1)[0]
-
     with consumer:
         wait_for(lambda: consumer.status().counters.processed == 12, 30, "every event")
-        wait_for(lambda: committed_offset() == 10, 10, "the count-triggered commits")
+        wait_for(
+            lambda: partition_0_committed(broker, consumer, topic) == 10,
+            10,
+            "the count-triggered commits",
+        )
         time.sleep(1.0)
-        assert committed_offset() == 10, "committed without N events or T seconds"
+        assert partition_0_committed(broker, consumer, topic) == 10, (
+            "committed without N events or T seconds"
+        )
         clock.advance(3600)
-        wait_for(lambda: committed_offset() == 12, 10, "the time-triggered commit")
+        wait_for(
+            lambda: partition_0_committed(broker, consumer, topic) == 12,
+            10,
+            "the time-triggered commit",
+        )
 
 
 def test_stale_events_are_skipped_counted_and_forwarded(
@@ -262,7 +280,7 @@ def test_stale_events_are_skipped_counted_and_forwarded(
         wait_for(lambda: consumer.status().counters.stale == 5, 30, "the stale events")
         wait_for(lambda: consumer.status().counters.processed == 5, 30, "the fresh events")
         wait_for(
-            lambda: committed(broker.bootstrap_servers, consumer.group, topic, 1)[0] == 10,
+            lambda: partition_0_committed(broker, consumer, topic) == 10,
             10,
             "a commit past the stale events",
         )
@@ -291,7 +309,7 @@ def test_a_poisoned_event_is_retried_then_dead_lettered_with_error_headers(
         wait_for(lambda: consumer.status().counters.dead_lettered == 1, 30, "a dead letter")
         wait_for(lambda: consumer.status().counters.processed == 2, 30, "the good events")
         wait_for(
-            lambda: committed(broker.bootstrap_servers, consumer.group, topic, 1)[0] == 3,
+            lambda: partition_0_committed(broker, consumer, topic) == 3,
             10,
             "a commit past the dead letter",
         )
