@@ -146,6 +146,32 @@ def safe_ratio(numerator: float, denominator: float, digits: int = 4) -> float |
     return round(numerator / denominator, digits)
 
 
+def figure(
+    name: str,
+    ours: float,
+    anchor: float,
+    *,
+    unit: str,
+    title: str,
+    anchor_is: str,
+    higher_is_better: bool = True,
+) -> dict[str, object]:
+    """One entry of a result's "figures" list; its ratio is above 1 when we are ahead.
+
+    For a figure where lower is better (a latency, a cost) the ratio is anchor / ours.
+    """
+    return {
+        "figure": name,
+        "ours": ours,
+        "anchor": anchor,
+        "ratio": safe_ratio(ours, anchor) if higher_is_better else safe_ratio(anchor, ours),
+        "unit": unit,
+        "higher_is_better": higher_is_better,
+        "title": title,
+        "anchor_is": anchor_is,
+    }
+
+
 # ---- machine description ---------------------------------------------------------
 
 

@@ -37,6 +37,7 @@ from confluent_kafka import Producer
 from _common import (
     BenchArgs,
     emit_result,
+    figure,
     machine,
     median,
     parse_args,
@@ -193,6 +194,19 @@ def run(args: BenchArgs) -> dict[str, object]:
         "ours": round(ours_rate),
         "anchor": round(anchor_rate),
         "ratio": safe_ratio(ours_rate, anchor_rate),
+        "unit": "events/s",
+        "title": "Consumer, no-op handler, 2 worker processes",
+        "anchor_is": "a bare confluent-kafka consume loop",
+        "figures": [
+            figure(
+                "consumer_cpu_1ms_2_workers",
+                round(two_rate),
+                round(one_rate),
+                unit="events/s",
+                title="Consumer, 1 ms CPU handler, 2 worker processes",
+                anchor_is="the same with 1 worker process",
+            ),
+        ],
         "cpu_1ms_events_per_s_1_worker": round(one_rate),
         "cpu_1ms_events_per_s_2_workers": round(two_rate),
         "cpu_scaling_2_vs_1": safe_ratio(two_rate, one_rate),

@@ -45,6 +45,7 @@ from _common import (
     BenchArgs,
     elapsed_s,
     emit_result,
+    figure,
     filesystem_type,
     latency_summary_us,
     load_average_1m,
@@ -632,9 +633,39 @@ def build_result(
         "anchor": round(anchor),
         "ratio": safe_ratio(ours, anchor),
         "unit": "events/s",
+        "title": "Spool.send() rate, 1 thread, keyless, durability process",
+        "anchor_is": "confluent_kafka produce(), memory only",
+        "figures": [
+            figure(
+                "enqueue_rate_process_keyed_4threads",
+                round(figures["spool_process_keyed_4t_rate"]),
+                round(figures["produce_keyed_4t_rate"]),
+                unit="events/s",
+                title="Spool.send() rate, 4 threads, keyed, durability process",
+                anchor_is="confluent_kafka produce(), memory only",
+            ),
+            figure(
+                "enqueue_p99_process_1thread",
+                round(figures["spool_process_keyless_1t_p99_us"], 2),
+                round(figures["produce_keyless_1t_p99_us"], 2),
+                unit="us",
+                title="Spool.send() p99 latency, 1 thread, durability process",
+                anchor_is="confluent_kafka produce(), memory only",
+                higher_is_better=False,
+            ),
+            figure(
+                "enqueue_p99_fsync_1thread",
+                round(fsync_p99, 2),
+                round(disk_p99, 2),
+                unit="us",
+                title="Spool.send() p99 latency, 1 thread, durability fsync",
+                anchor_is="the disk's own 100-byte append + fdatasync",
+                higher_is_better=False,
+            ),
+        ],
     }
-    for name, figure in figures.items():
-        result[name] = round(figure) if name.endswith("_rate") else round(figure, 3)
+    for name, value in figures.items():
+        result[name] = round(value) if name.endswith("_rate") else round(value, 3)
     ratios: dict[str, float | None] = {}
     for mode in KEY_MODES:
         for threads in THREAD_COUNTS:

@@ -42,6 +42,7 @@ from _common import (
     BenchArgs,
     elapsed_s,
     emit_result,
+    figure,
     load_average_1m,
     machine,
     median,
@@ -176,6 +177,18 @@ def run(args: BenchArgs) -> dict[str, object]:
         "anchor": round(anchor),
         "ratio": safe_ratio(ours, anchor),
         "unit": "records/s",
+        "title": "Spark count over the eventspool-kafka source, local[2]",
+        "anchor_is": "one bare confluent-kafka consumer in one process",
+        "figures": [
+            figure(
+                "spark_source_arrow_vs_tuples",
+                round(ours),
+                round(tuples),
+                unit="records/s",
+                title="The source yielding Arrow record batches",
+                anchor_is="the same source yielding tuples",
+            ),
+        ],
         "arrow_vs_tuple": {
             "arrow": round(ours),
             "tuple": round(tuples),
