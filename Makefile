@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint unit slow bench clean java
+.PHONY: run test lint unit slow bench report report-check clean java
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,20 @@ unit: $(STAMP)
 slow: $(STAMP) java
 	$(BIN)/python -m pytest -n 2 -m slow $(PYTEST_ARGS)
 
+# bench/report.py runs the benches itself, so it is not one of them.
+BENCH_SCRIPTS := $(filter-out bench/report.py,$(wildcard bench/[!_]*.py))
+REPORT_ARGS ?=
+
 bench: $(STAMP) java
-	for script in bench/[!_]*.py; do $(BIN)/python $$script --quick || exit 1; done
+	for script in $(BENCH_SCRIPTS); do $(BIN)/python $$script --quick || exit 1; done
+
+# docs/benchmarks.md, its plots and data: every bench in full, then a 30-minute soak.
+report: $(STAMP) java
+	$(BIN)/python bench/report.py $(REPORT_ARGS)
+
+# Rerun every bench as the published report was run and compare the ratios.
+report-check: $(STAMP) java
+	$(BIN)/python bench/report.py --check $(REPORT_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

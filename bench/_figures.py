@@ -1,0 +1,101 @@
+"""The figures a bench result holds, read back from its JSON for the report and its check.
+
+A bench script's result is one JSON object whose first keys are its headline figure
+("figure", "ours", "anchor", "ratio"); it may list further figures under "figures", each
+an object with the same four keys plus "unit", "higher_is_better" and optionally "title"
+and "anchor_is". The ratio is always oriented so that above 1 means eventspool is ahead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+JsonObject = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One measured figure of one bench script: ours, the anchor's, their ratio."""
+
+    script: str
+    name: str
+    ours: float
+    anchor: float
+    ratio: float | None
+    unit: str
+    higher_is_better: bool
+    title: str
+    anchor_is: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.script, self.name)
+
+
+def figures_of(script: str, result: JsonObject) -> list[Figure]:
+    """The headline figure of `result` followed by the ones it lists under "figures"."""
+    listed = result.get("figures", [])
+    if not isinstance(listed, list):
+        raise ValueError(f"{script}: 'figures' must be a list, not {type(listed).__name__}")
+    return [_figure(script, result), *(_figure(script, item) for item in listed)]
+
+
+def _figure(script: str, item: JsonObject) -> Figure:
+    missing = [key for key in ("figure", "ours", "anchor", "ratio") if key not in item]
+    if missing:
+        raise ValueError(f"{script}: a figure lacks {', '.join(missing)}: {dict(item)!r}")
+    ratio = item["ratio"]
+    return Figure(
+        script=script,
+        name=str(item["figure"]),
+        ours=float(item["ours"]),
+        anchor=float(item["anchor"]),
+        ratio=None if ratio is None else float(ratio),
+        unit=str(item.get("unit", "")),
+        higher_is_better=bool(item.get("higher_is_better", True)),
+        title=str(item.get("title", "")) or str(item["figure"]).replace("_", " "),
+        anchor_is=str(item.get("anchor_is", "")),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """A published figure's ratio beside the ratio of a fresh run of the same figure."""
+
+    published: Figure
+    fresh: Figure | None
+    tolerance: float
+
+    @property
+    def change(self) -> float | None:
+        """fresh ratio / published ratio, or None when either has no ratio."""
+        if self.fresh is None or self.fresh.ratio is None or not self.published.ratio:
+            return None
+        return self.fresh.ratio / self.published.ratio
+
+    @property
+    def within(self) -> bool:
+        """Whether the fresh ratio lies within the tolerance band around the published one.
+
+        The band is multiplicative (ratio x (1 + tolerance) and / (1 + tolerance)), so a
+        ratio of 0.5 and one of 2 are judged alike.
+        """
+        if self.fresh is None:
+            return False
+        if self.published.ratio is None or self.fresh.ratio is None:
+            return self.published.ratio is None and self.fresh.ratio is None
+        change = self.change
+        if change is None:
+            return self.fresh.ratio == self.published.ratio
+        return 1.0 / (1.0 + self.tolerance) <= change <= 1.0 + self.tolerance
+
+
+def compare(published: list[Figure], fresh: list[Figure], tolerance: float) -> Iterator[Comparison]:
+    """Pair each published figure with the fresh run's figure of the same script and name."""
+    if tolerance < 0:
+        raise ValueError(f"tolerance must not be negative, got {tolerance}")
+    by_key = {figure.key: figure for figure in fresh}
+    for figure in published:
+        yield Comparison(figure, by_key.get(figure.key), tolerance)

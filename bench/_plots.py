@@ -1,0 +1,138 @@
+"""The report's PNG plots, drawn with matplotlib's non-interactive Agg backend."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+from matplotlib import ticker
+
+from _figures import Figure
+
+OURS_COLOUR = "#1f77b4"
+ANCHOR_COLOUR = "#a0a0a0"
+AHEAD_COLOUR = "#2ca02c"
+BEHIND_COLOUR = "#d62728"
+FAULT_COLOURS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+_DPI = 110
+# No timestamp or version in the files, so that regenerating unchanged data changes nothing.
+_PNG_METADATA = {"Software": None}
+
+
+def ratio_overview(figures: Sequence[Figure], path: Path) -> None:
+    """One horizontal bar per figure: its ratio on a log scale, with 1 (even) marked."""
+    shown = [figure for figure in figures if figure.ratio is not None and figure.ratio > 0]
+    height = max(2.5, 0.38 * len(shown) + 1.2)
+    fig, axes = plt.subplots(figsize=(9, height))
+    labels = [f"{figure.script}: {figure.title}" for figure in shown]
+    ratios = [float(figure.ratio or 0.0) for figure in shown]
+    colours = [AHEAD_COLOUR if ratio >= 1.0 else BEHIND_COLOUR for ratio in ratios]
+    positions = range(len(shown))
+    axes.barh(positions, ratios, color=colours)
+    axes.set_yticks(list(positions), labels, fontsize=8)
+    axes.invert_yaxis()
+    axes.set_xscale("log")
+    axes.axvline(1.0, color="black", linewidth=1)
+    for position, ratio in zip(positions, ratios, strict=True):
+        axes.annotate(
+            f"{ratio:.3g}",
+            (ratio, position),
+            xytext=(3, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+        )
+    axes.set_xlabel("ratio: above 1 eventspool is ahead of its anchor (log scale)")
+    axes.set_title("Every figure against its anchor, same run, same machine")
+    _save(fig, path)
+
+
+def ours_against_anchor(figures: Sequence[Figure], title: str, path: Path) -> None:
+    """Small multiples: for each figure, our bar beside the anchor's, in the figure's unit."""
+    columns = min(3, len(figures))
+    rows = math.ceil(len(figures) / columns)
+    fig, grid = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.3 * rows), squeeze=False)
+    for index, axes in enumerate(grid.flat):
+        if index >= len(figures):
+            axes.set_visible(False)
+            continue
+        figure = figures[index]
+        values = [figure.ours, figure.anchor]
+        names = ["eventspool", _wrap(figure.anchor_is or "anchor", 24)]
+        bars = axes.bar(names, values, color=[OURS_COLOUR, ANCHOR_COLOUR])
+        axes.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: _short(value)))
+        axes.bar_label(bars, labels=[_short(value) for value in values], fontsize=8)
+        axes.set_title(_wrap(figure.title, 34), fontsize=9)
+        better = "higher" if figure.higher_is_better else "lower"
+        axes.set_ylabel(f"{figure.unit} ({better} is better)", fontsize=8)
+        axes.tick_params(labelsize=7)
+        axes.margins(y=0.15)
+    fig.suptitle(title, fontsize=11)
+    _save(fig, path)
+
+
+def soak_timeline(result: Mapping[str, Any], path: Path) -> None:
+    """Acknowledged events over the soak's time, with each injected fault as a band."""
+    timeline = result.get("timeline", [])
+    faults = result.get("faults", [])
+    fig, axes = plt.subplots(figsize=(10, 4))
+    times = [float(point["t"]) for point in timeline]
+    for series, label, colour in (
+        ("acked", "eventspool: acknowledged", OURS_COLOUR),
+        ("delivered", "eventspool: in Kafka", AHEAD_COLOUR),
+        ("anchor_acked", "bare producer: acknowledged", ANCHOR_COLOUR),
+    ):
+        if timeline and series in timeline[0]:
+            axes.plot(times, [point[series] for point in timeline], label=label, color=colour)
+    kinds = sorted({str(fault["kind"]) for fault in faults})
+    colour_of = {kind: FAULT_COLOURS[i % len(FAULT_COLOURS)] for i, kind in enumerate(kinds)}
+    labelled: set[str] = set()
+    for fault in faults:
+        kind = str(fault["kind"])
+        start = float(fault["t"])
+        width = max(float(fault.get("duration_s", 0.0)), 0.5)
+        axes.axvspan(
+            start,
+            start + width,
+            color=colour_of[kind],
+            alpha=0.35,
+            label=None if kind in labelled else kind.replace("_", " "),
+        )
+        labelled.add(kind)
+    axes.set_xlabel("seconds since the soak started")
+    axes.set_ylabel("events")
+    axes.set_title("Soak: the workload under a fault schedule")
+    axes.legend(fontsize=8, loc="upper left")
+    _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI, metadata=_PNG_METADATA)
+    plt.close(fig)
+
+
+def _short(value: float) -> str:
+    if value == 0 or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def _wrap(text: str, width: int) -> str:
+    words, lines, line = text.split(), [], ""
+    for word in words:
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    lines.append(line)
+    return "\n".join(lines)

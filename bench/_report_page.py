@@ -1,0 +1,199 @@
+"""docs/benchmarks.md from the stored bench results: tables, plots and how they were made.
+
+Pure text: the caller draws the plots (see `_plots`) under the names `plot_names` gives.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from _figures import Figure, figures_of
+
+IMAGE_DIR = "img"
+RATIO_PLOT = "ratios.png"
+SOAK_PLOT = "soak-timeline.png"
+
+# Result keys shown in a section's details list; everything else stays in the JSON.
+_DETAIL_KEYS = ("settings", "versions", "method")
+_SOAK_TABLES = (
+    ("ledger", "Spool to Kafka, by event_id"),
+    ("anchor_ledger", "Bare producer to Kafka, by event_id (anchor)"),
+    ("consumer_ledger", "Kafka to the consumer's handlers, by event_id"),
+)
+
+
+def script_plot(script: str) -> str:
+    return f"{script}.png"
+
+
+def intro_of(script_path: Path) -> tuple[str, str]:
+    """A bench script's docstring: its first line, and the rest (the method) as written."""
+    if not script_path.exists():
+        return f"`bench/{script_path.name}` is no longer in the repository.", ""
+    docstring = ast.get_docstring(ast.parse(script_path.read_text(encoding="utf-8"))) or ""
+    headline, _, method = docstring.strip().partition("\n\n")
+    return " ".join(headline.split()) or script_path.stem, method.strip()
+
+
+def render(store: Mapping[str, Any], bench_dir: Path) -> str:
+    """The whole page for `store` (the content of docs/benchmarks.json)."""
+    runs: Sequence[Mapping[str, Any]] = store["scripts"]
+    figures = [figure for run in runs for figure in figures_of(run["script"], run["result"])]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Every figure below was measured beside its anchor, the tool a user would pick",
+        "instead, in the same run on the same machine; the ratio is oriented so that above 1",
+        "means eventspool is ahead. Nothing here is edited by hand.",
+        "",
+        f"- Regenerate this page, its plots and `benchmarks.json`: `{store['command']}`",
+        f"  ({_minutes(store['elapsed_s'])} for this run{_soak_note(store)}).",
+        "- Check that a fresh run reproduces these ratios: `make report-check` (reruns every",
+        "  bench and compares each ratio with this page's, within a tolerance band).",
+        f"- Measured {store['generated_at']} at revision `{store['revision']}`"
+        f"{' with `--quick` runs' if store.get('quick') else ''}.",
+        f"- Machine: {_machine(store['machine'])}.",
+        "- Broker: the embedded tansu (in-memory storage) on the same machine, so the broker",
+        "  competes with the measured code for the cores.",
+        "",
+        "## Summary",
+        "",
+        *_figure_table(figures, with_script=True),
+        "",
+        f"![ratio of every figure]({IMAGE_DIR}/{RATIO_PLOT})",
+        "",
+    ]
+    for run in runs:
+        lines.extend(_section(run, bench_dir))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _section(run: Mapping[str, Any], bench_dir: Path) -> list[str]:
+    script = str(run["script"])
+    result: Mapping[str, Any] = run["result"]
+    headline, method = intro_of(bench_dir / f"{script}.py")
+    command = " ".join(["python", f"bench/{script}.py", *run.get("args", [])])
+    lines = [
+        f"## {script}",
+        "",
+        headline,
+        "",
+        *_figure_table(figures_of(script, result), with_script=False),
+        "",
+        f"![{script}: eventspool against its anchor]({IMAGE_DIR}/{script_plot(script)})",
+        "",
+    ]
+    if "timeline" in result:
+        lines += [f"![soak timeline]({IMAGE_DIR}/{SOAK_PLOT})", ""]
+    for key, title in _SOAK_TABLES:
+        table = result.get(key)
+        if isinstance(table, Mapping):
+            lines += [f"**{title}**", "", *_mapping_table(table), ""]
+    lines += [
+        f"Command: `{command}`, {_minutes(run['elapsed_s'])}, 1-minute load average "
+        f"{run.get('load_average_1m_before', '-')} before it started. "
+        f"Everything it printed is in `benchmarks.json`.",
+        "",
+    ]
+    if method:
+        fence = "`" * 3
+        lines += [
+            "<details><summary>How it is measured</summary>",
+            "",
+            f"{fence}text",
+            method,
+            fence,
+            "",
+            "</details>",
+            "",
+        ]
+    details = [(key, result[key]) for key in _DETAIL_KEYS if key in result]
+    if details:
+        lines += ["<details><summary>Settings</summary>", ""]
+        for key, value in details:
+            lines += [f"- **{key}**", *_bullets(value, indent=1)]
+        lines += ["", "</details>", ""]
+    return lines
+
+
+def _figure_table(figures: Iterable[Figure], *, with_script: bool) -> list[str]:
+    header = ["Figure", "Anchor", "eventspool", "anchor", "Ratio", "Unit"]
+    alignments = ["---", "---", "--:", "--:", "--:", "---"]
+    if with_script:
+        header.insert(0, "Bench")
+        alignments.insert(0, "---")
+    rows = ["| " + " | ".join(header) + " |", "|" + "|".join(alignments) + "|"]
+    for figure in figures:
+        cells = [
+            figure.title,
+            figure.anchor_is or "-",
+            format_number(figure.ours),
+            format_number(figure.anchor),
+            "-" if figure.ratio is None else f"**{figure.ratio:.3g}**",
+            figure.unit + ("" if figure.higher_is_better else ", lower is better"),
+        ]
+        if with_script:
+            cells.insert(0, f"[{figure.script}](#{figure.script})")
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def _mapping_table(table: Mapping[str, Any]) -> list[str]:
+    rows = ["| | |", "|---|--:|"]
+    for key, value in table.items():
+        shown = format_number(value) if isinstance(value, int | float) else _inline(value)
+        rows.append(f"| {key.replace('_', ' ')} | {shown} |")
+    return rows
+
+
+def _bullets(value: Any, indent: int) -> list[str]:
+    pad = "  " * indent
+    if isinstance(value, Mapping):
+        lines = []
+        for key, item in value.items():
+            if isinstance(item, Mapping):
+                lines += [f"{pad}- {key}:", *_bullets(item, indent + 1)]
+            else:
+                lines.append(f"{pad}- {key}: {_inline(item)}")
+        return lines
+    return [f"{pad}- {_inline(value)}"]
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return f"`{json.dumps(value, separators=(', ', ': '))}`"
+
+
+def format_number(value: float) -> str:
+    """Thousands separators for large numbers, three significant digits for small ones."""
+    if isinstance(value, bool):
+        return str(value)
+    if value == 0:
+        return "0"
+    if abs(value) >= 1000 or float(value).is_integer():
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def _minutes(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min"
+
+
+def _soak_note(store: Mapping[str, Any]) -> str:
+    soak = store.get("soak_duration_s")
+    return f", of which the soak ran {_minutes(float(soak))}" if soak else ""
+
+
+def _machine(described: Mapping[str, Any]) -> str:
+    return (
+        f"{described.get('cpu_model', 'unknown CPU')}, {described.get('usable_cores')} usable "
+        f"cores, {described.get('memory_gib')} GiB, {described.get('os')}, "
+        f"{described.get('python')}"
+    )
