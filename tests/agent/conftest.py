@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,6 +67,30 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path) -> None:
+        super().__init__("agent", timeout=30)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(str(self._path))
+
+
+def call(agent: AgentProcess, method: str, target: str, body: object = None) -> tuple[int, Any]:
+    """One HTTP request to the agent's socket; (status, decoded JSON body)."""
+    connection = _UnixHTTPConnection(agent.socket_path)
+    try:
+        payload = None if body is None else json.dumps(body).encode()
+        connection.request(method, target, body=payload)
+        response = connection.getresponse()
+        data = response.read()
+        return response.status, json.loads(data) if data.startswith(b"{") else data.decode()
+    finally:
+        connection.close()
 
 
 @pytest.fixture

@@ -328,8 +328,18 @@ def test_a_poisoned_event_is_retried_then_dead_lettered_with_error_headers(
 
 
 def _consume_cli(
-    broker: LocalBroker, group: str, topic: str, out: Path, *, sleep: float, deadline: float
+    broker: LocalBroker,
+    group: str,
+    topic: str,
+    out: Path,
+    *,
+    sleep: float,
+    deadline: float,
+    stderr: Any = subprocess.PIPE,
+    new_session: bool = False,
 ) -> Any:
+    """`eventspool consume` with the `slow_from_env` handler; `new_session` puts it and its
+    workers in a process group of their own, so one killpg takes them all."""
     env = {**os.environ, OUT_ENV: str(out), SLEEP_ENV: str(sleep)}
     return subprocess.Popen(
         [
@@ -353,8 +363,9 @@ def _consume_cli(
         ],
         cwd=REPO,
         env=env,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
+        start_new_session=new_session,
     )
 
 
@@ -383,6 +394,55 @@ def test_sigterm_finishes_running_handlers_within_the_deadline_or_abandons_them(
     else:
         assert not handled(out), "a handler outlived the shutdown deadline"
         assert offset <= 0, "nothing finished, so nothing may be committed past it"
+
+
+KILL_EVENTS = 2000
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_sigkill_of_the_whole_consumer_then_a_new_member_handles_every_event(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+) -> None:
+    """The member dies with its workers and commits nothing on its way out. The next member
+    of the group starts at the last commit: every event is handled at least once, and an
+    event is handled again only if it sits at or past the offset committed at the kill."""
+    topic = topic_factory(1)
+    ids = produce(broker.bootstrap_servers, topic, [b"e"] * KILL_EVENTS, partition=0)
+    out = tmp_path / "handled"
+    group = f"kill-{uuid.uuid4().hex[:8]}"
+
+    def commit() -> int:
+        return committed(broker.bootstrap_servers, group, topic, 1)[0]
+
+    with (tmp_path / "first.stderr").open("w") as log:
+        first = _consume_cli(
+            broker, group, topic, out, sleep=0.005, deadline=5.0, stderr=log, new_session=True
+        )
+    try:
+        wait_for(lambda: len(handled(out)) >= KILL_EVENTS // 4, 60, "a quarter of the events")
+        wait_for(lambda: commit() > 0, 30, "a first commit")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+    at_kill = commit()
+    assert len(handled(out)) < KILL_EVENTS, "every event was handled before the kill"
+
+    with (tmp_path / "second.stderr").open("w") as log:
+        second = _consume_cli(broker, group, topic, out, sleep=0.0, deadline=5.0, stderr=log)
+    try:
+        wait_for(lambda: set(ids) <= handled(out).keys(), 120, "every event, after the restart")
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(60)
+    offset_of = {
+        line.split()[0]: int(line.split()[1].rsplit("@", 1)[1])
+        for line in out.read_text().splitlines()
+    }
+    again = sorted(offset_of[event_id] for event_id, n in handled(out).items() if n > 1)
+    assert not again or again[0] >= at_kill, (
+        f"offsets {again[:5]} were handled again although {at_kill} was committed before the kill"
+    )
 
 
 def test_a_handler_that_cannot_be_imported_is_a_clear_error() -> None:

@@ -26,10 +26,10 @@ from typing import IO, Any
 
 import pytest
 
-from eventspool.broker import LocalBroker
+from eventspool.broker import LocalBroker, find_free_port
 from eventspool.client.sync import AgentError, Client
 from eventspool.verify import consume_event_ids, ledger
-from tests.agent.conftest import AgentProcess
+from tests.agent.conftest import AgentProcess, call
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
@@ -252,3 +252,48 @@ def test_sigkilled_agent_loses_no_acknowledged_event(
         f"seed {seed}: {result.lost} of {result.sent} acknowledged events lost after "
         f"{KILL_CYCLES} kills ({failed_sends} sends failed by a kill), e.g. {missing[:3]}"
     )
+
+
+HTTP_REQUESTS = 20
+HTTP_EVENTS_PER_REQUEST = 10
+
+
+def test_events_acknowledged_over_http_survive_a_sigkill_of_the_agent(
+    broker: LocalBroker,
+    topic_factory: Callable[[int], str],
+    tmp_path: Path,
+    short_dir: Path,
+) -> None:
+    """An HTTP 200 means on disk: the agent answers while Kafka is unreachable, so the
+    events exist only in its spool when it is SIGKILLed; restarted with the broker, it
+    delivers every event id the answers carried."""
+    topic = topic_factory(2)
+    socket_path = short_dir / "agent.sock"
+    offline = AgentProcess(tmp_path, f"127.0.0.1:{find_free_port()}", socket_path=socket_path)
+    ids: list[str] = []
+    try:
+        _start_agent(offline)
+        for request in range(HTTP_REQUESTS):
+            events = [
+                {"value": f"http {request}-{n}", "key": f"k{n}"}
+                for n in range(HTTP_EVENTS_PER_REQUEST)
+            ]
+            status, answer = call(offline, "POST", f"/v1/topics/{topic}", {"events": events})
+            assert status == 200, answer
+            assert [result["status"] for result in answer["results"]] == ["ok"] * len(events)
+            ids.extend(result["event_id"] for result in answer["results"])
+        held = sum(int(queue["depth"]) for queue in _agent_stats(socket_path)["queues"])
+        assert held == len(ids), "events left the agent although Kafka was unreachable"
+        _kill_agent(offline)
+    finally:
+        offline.stop()
+
+    online = AgentProcess(tmp_path, broker.bootstrap_servers, socket_path=socket_path)
+    try:
+        _start_agent(online)
+        seen = consume_event_ids(broker.bootstrap_servers, [topic], ids, timeout=60)
+    finally:
+        online.stop()
+    result = ledger(ids, seen)
+    assert len(set(ids)) == HTTP_REQUESTS * HTTP_EVENTS_PER_REQUEST
+    assert result.lost == 0, f"{result.lost} of {result.sent} events answered over HTTP were lost"

@@ -551,3 +551,24 @@ def test_new_topic_on_a_full_tmpfs_fails_cleanly(small_tmpfs: Path) -> None:
         assert _spool_events(spool, "first") == first_ids
         assert _spool_events(spool, "second") == [second_id]
         assert spool.recovery_reports() == {}
+
+
+def test_an_existing_queue_keeps_taking_events_on_a_full_tmpfs(small_tmpfs: Path) -> None:
+    """Ring files are preallocated: with not one free block left on the file system, sends
+    to a queue that already exists succeed, and reopening finds every one of them."""
+    settings = SpoolSettings(max_event_bytes=4096, queue=QueueSettings(capacity_bytes=1024 * 1024))
+    with Spool(small_tmpfs, settings=settings) as spool:
+        spool.set_partition_count("first", 1)
+        ids = [spool.send("first", b"before the disk filled up")]
+        fd = os.open(small_tmpfs / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            with pytest.raises(OSError, match="No space left"):
+                while True:
+                    os.write(fd, bytes(65536))
+        finally:
+            os.close(fd)
+        assert os.statvfs(small_tmpfs).f_bavail == 0
+        ids += [spool.send("first", b"%04d" % i + b"." * 96) for i in range(2000)]
+    with Spool(small_tmpfs, settings=settings) as spool:
+        assert spool.recovery_reports() == {}
+        assert _spool_events(spool, "first") == ids

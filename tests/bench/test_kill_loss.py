@@ -1,0 +1,54 @@
+"""The arithmetic of the SIGKILL bench: one kill's ledger, the medians and the ratios."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from kill_loss import ANCHOR, OURS, WAIT_EACH, KillLedger, figures, kill_ledger, lane_summary
+
+
+def _kill(lane: str, lost: int, rate: float, acknowledged: int = 100) -> KillLedger:
+    return KillLedger(lane, 0, 1.0, acknowledged, acknowledged - lost, lost, 0, 0, rate)
+
+
+def test_a_ledger_counts_lost_duplicated_and_unacknowledged_events() -> None:
+    seen = Counter({"a": 1, "b": 2, "x": 1, "marker": 1})
+    kill = kill_ledger(
+        "producer",
+        3,
+        acknowledged=["a", "b", "c"],
+        seen=seen,
+        marker="marker",
+        kill_after_s=0.5,
+        rate=6.0,
+    )
+    assert (kill.acknowledged, kill.delivered, kill.lost) == (3, 2, 1)
+    assert kill.duplicated == 1
+    assert kill.unacknowledged_delivered == 1  # "x": in Kafka, never acknowledged
+    assert kill.delivered_fraction == pytest.approx(2 / 3)
+
+
+def test_lane_summary_takes_medians_and_the_worst_kill() -> None:
+    summary = lane_summary([_kill(ANCHOR, lost, 10.0) for lost in (0, 5, 100)])
+    assert summary["lost"] == 5
+    assert summary["lost_max"] == 100
+    assert summary["delivered_fraction"] == pytest.approx(0.95)
+    assert summary["delivered_fraction_min"] == pytest.approx(0.0)
+    assert summary["backlog_at_reopen"] is None
+
+
+def test_ratios_are_above_one_when_the_spool_is_ahead() -> None:
+    lanes = {
+        OURS: lane_summary([_kill(OURS, 0, 200.0)]),
+        ANCHOR: lane_summary([_kill(ANCHOR, 99, 400.0)]),
+        WAIT_EACH: lane_summary([_kill(WAIT_EACH, 0, 4.0)]),
+        "wait-100": lane_summary([_kill("wait-100", 0, 100.0)]),
+    }
+    by_name = {figure["figure"]: figure for figure in figures(lanes, "wait-100")}
+    lost = by_name["sigkill_acknowledged_events_lost_per_kill"]
+    assert (lost["ours"], lost["anchor"], lost["ratio"]) == (0, 99, 100.0)  # (99+1)/(0+1)
+    assert by_name["acknowledged_rate_vs_producer_waiting_for_each_delivery"]["ratio"] == 50.0
+    assert by_name["acknowledged_rate_vs_producer_waiting_per_100"]["ratio"] == 2.0
+    assert by_name["acknowledged_rate_vs_bare_producer"]["ratio"] == 0.5
