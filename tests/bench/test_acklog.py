@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+import _acklog
 from _acklog import ID_BYTES, AckLog, AckLogFullError
 from eventspool.envelope import EventIdGenerator
-from tests.bench.conftest import BENCH_DIR
+
+BENCH_DIR = Path(_acklog.__file__).resolve().parent
 
 
 def _ids(count: int) -> list[str]:
