@@ -74,9 +74,11 @@ Figures (medians over the repetitions; ours and the anchor alternate, the first 
    restart the callers stop, the shipper drains (ours: until its STATS show nothing
    unacknowledged; rsyslog has no such call: until no record arrived for a few seconds),
    and the acknowledged ids are compared with the ids in Kafka: delivered, lost,
-   duplicates. The figure is the delivered fraction. Each lost event is charged to the
-   first kill after its acknowledgement, with the age of the oldest one at the kill: how
-   much acknowledged traffic one kill takes. A glibc syslog(3) caller could not even
+   duplicates. The figure is the delivered fraction pooled over every kill of every run
+   (a median of a few runs would hide the one kill that lands while a restarted shipper
+   is still connecting); the median of runs is reported too. Each lost event is charged
+   to the first kill after its acknowledgement, with the age of the oldest one at the
+   kill: how much acknowledged traffic one kill takes. A glibc syslog(3) caller could not even
    count its failed sends (syslog(3) returns nothing); the raw ``send`` result is used
    here, which is kinder to the anchor.
 
@@ -123,6 +125,7 @@ from _common import (
     latency_summary_us,
     load_average_1m,
     machine,
+    median,
     parse_args,
     print_table,
     progress,
@@ -1034,6 +1037,18 @@ def figure(
     }
 
 
+def kill_spread(ledgers: Sequence[KillLedger], side: str) -> dict[str, float]:
+    """Median, mean and most acknowledged events one kill took, over all kills of a side."""
+    losses = [loss.lost for entry in ledgers if entry.side == side for loss in entry.lost_per_kill]
+    if not losses:
+        return {}
+    return {
+        "median": median(losses),
+        "mean": round(sum(losses) / len(losses), 1),
+        "max": max(losses),
+    }
+
+
 def build_result(
     args: BenchArgs,
     profile: Profile,
@@ -1052,6 +1067,13 @@ def build_result(
         keys = ("kills", "acknowledged", "delivered", "lost", "duplicates", "failed_sends")
         return {key: sum(int(getattr(entry, key)) for entry in mine) for key in keys}
 
+    # Loss is pooled over every kill, not the median of runs: one kill that lands while a
+    # restarted shipper is still connecting can take most of a run's loss, and a median
+    # of a few runs would hide exactly that.
+    pooled = {
+        side: totals(side)["delivered"] / max(1, totals(side)["acknowledged"])
+        for side in ("ours", "anchor")
+    }
     figures = [
         figure(
             "caller_send_rate",
@@ -1073,9 +1095,9 @@ def build_result(
         ),
         figure(
             "sigkill_delivered_fraction",
-            m["ours_delivered_fraction"],
-            m["anchor_delivered_fraction"],
-            "acknowledged events delivered / acknowledged",
+            pooled["ours"],
+            pooled["anchor"],
+            "acknowledged events delivered / acknowledged, over all kills",
             higher_is_better=True,
             digits=6,
         ),
@@ -1108,6 +1130,10 @@ def build_result(
         "it); the eventspool Client's send() returns once the event is in the agent's spool file",
         "sigkill": {
             "totals": {"ours": totals("ours"), "anchor": totals("anchor")},
+            "lost_per_kill": {side: kill_spread(ledgers, side) for side in ("ours", "anchor")},
+            "delivered_fraction_median_of_runs": {
+                side: round(m[f"{side}_delivered_fraction"], 6) for side in ("ours", "anchor")
+            },
             "ledgers": [
                 asdict(entry) | {"delivered_fraction": round(entry.delivered_fraction, 6)}
                 for entry in ledgers
