@@ -305,7 +305,11 @@ def combine(passes: Sequence[RatePass]) -> RatePass:
 
 
 class Agent:
-    """`eventspool agent` as its own process, on a generated agent.toml."""
+    """`eventspool agent` as its own process, on a generated agent.toml.
+
+    Started by the constructor; `kill` and `start` again restart it on the same spool
+    directory and socket, as a supervisor would after a crash.
+    """
 
     def __init__(self, directory: Path, bootstrap: str) -> None:
         self.socket_path = directory / "agent.sock"
@@ -318,13 +322,20 @@ class Agent:
             "[kafka]\n"
             f"bootstrap_servers = {json.dumps(bootstrap)}\n"
         )
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
+        self.process = self._spawn()
+        self._wait_ready()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with self.log.open("ab") as log:
+            return subprocess.Popen(
                 [sys.executable, "-m", "eventspool", "agent", "--config", str(self.config)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+
+    def _wait_ready(self) -> None:
+        """Until the agent answers a PING: the socket file of a killed agent proves nothing."""
         deadline = time.monotonic() + _START_TIMEOUT_S
         while True:
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -336,6 +347,20 @@ class Agent:
                 return
             except AgentError:
                 time.sleep(0.05)
+
+    def start(self) -> None:
+        """Start it again after `kill` or `stop`, and wait until it answers."""
+        if self.process.poll() is None:
+            raise RuntimeError("the agent is still running")
+        self.process = self._spawn()
+        self._wait_ready()
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, as in a crash or an OOM kill."""
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the agent died by itself:\n{self.log_tail()}")
+        self.process.kill()
+        self.process.wait()
 
     def log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]

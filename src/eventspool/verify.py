@@ -11,6 +11,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -27,17 +28,30 @@ class Ledger:
         return self.lost == 0
 
 
+def header_event_id(message: Any) -> str | None:
+    """The `event_id` header of a consumed record, which every eventspool record carries."""
+    raw = dict(message.headers() or []).get("event_id")
+    return raw.decode() if isinstance(raw, bytes) else None
+
+
 def consume_event_ids(
     bootstrap_servers: str,
     topics: Collection[str],
     expected: Collection[str],
     timeout: float = 60.0,
     progress: Callable[[int], None] | None = None,
+    *,
+    id_of: Callable[[Any], str | None] = header_event_id,
+    poll_timeout: float = 0.5,
+    idle_timeout: float | None = None,
 ) -> Counter[str]:
-    """Count each `event_id` header found in `topics`, until every expected id is seen.
+    """Count each event id found in `topics`, until every expected id is seen.
 
     Waits for topics that do not exist yet (created on first use). Stops at `timeout`
-    too, so a loss shows up as missing ids rather than a hang.
+    too, so a loss shows up as missing ids rather than a hang; with `idle_timeout`, also
+    once no record at all arrived for that long (the producer is done, the rest is lost).
+    `id_of` reads a record's id (None: not one of ours); `poll_timeout` bounds how late
+    the last record is noticed, since each poll waits that long unless 10,000 arrive.
     """
     consumer = Consumer(
         {
@@ -62,17 +76,20 @@ def consume_event_ids(
             for partition in metadata.topics[topic].partitions
         ]
         consumer.assign(assignment)
+        last_record = time.monotonic()
         while missing and time.monotonic() < deadline:
-            for message in consumer.consume(10_000, 0.5):
+            for message in consumer.consume(10_000, poll_timeout):
                 if message.error():
                     continue
-                raw = dict(message.headers() or []).get("event_id")
-                if isinstance(raw, bytes):
-                    event_id = raw.decode()
+                last_record = time.monotonic()
+                event_id = id_of(message)
+                if event_id is not None:
                     seen[event_id] += 1
                     missing.discard(event_id)
             if progress is not None:
                 progress(len(seen))
+            if idle_timeout is not None and time.monotonic() - last_record > idle_timeout:
+                break
     finally:
         consumer.close()
     return seen

