@@ -121,6 +121,7 @@ from _common import (
     BenchArgs,
     elapsed_s,
     emit_result,
+    figure,
     filesystem_type,
     latency_summary_us,
     load_average_1m,
@@ -1023,20 +1024,6 @@ def run(args: BenchArgs) -> dict[str, object]:
     return build_result(args, profile, runs=runs, ledgers=ledgers, facts=facts, fs_type=fs_type)
 
 
-def figure(
-    name: str, ours: float, anchor: float, unit: str, *, higher_is_better: bool, digits: int = 1
-) -> dict[str, object]:
-    ratio = safe_ratio(ours, anchor) if higher_is_better else safe_ratio(anchor, ours)
-    return {
-        "figure": name,
-        "ours": round(ours, digits),
-        "anchor": round(anchor, digits),
-        "ratio": ratio,
-        "unit": unit,
-        "higher_is_better": higher_is_better,
-    }
-
-
 def kill_spread(ledgers: Sequence[KillLedger], side: str) -> dict[str, float]:
     """Median, mean and most acknowledged events one kill took, over all kills of a side."""
     losses = [loss.lost for entry in ledgers if entry.side == side for loss in entry.lost_per_kill]
@@ -1074,40 +1061,58 @@ def build_result(
         side: totals(side)["delivered"] / max(1, totals(side)["acknowledged"])
         for side in ("ours", "anchor")
     }
+    rsyslog = "rsyslog + omkafka, disk-assisted queue"
+    latency_titles = {"p50_us": "p50", "p99_us": "p99", "p999_us": "p99.9"}
     figures = [
         figure(
             "caller_send_rate",
-            m["ours_send_rate"],
-            m["anchor_send_rate"],
-            "events/s",
-            higher_is_better=True,
-            digits=0,
+            round(m["ours_send_rate"]),
+            round(m["anchor_send_rate"]),
+            unit="events/s",
+            title="Callers' send rate, 8 threads",
+            anchor_is=rsyslog,
         ),
         *(
             figure(
                 f"caller_latency_{stat.removesuffix('_us')}",
-                m[f"ours_latency_{stat}"],
-                m[f"anchor_latency_{stat}"],
-                "us",
+                round(m[f"ours_latency_{stat}"], 1),
+                round(m[f"anchor_latency_{stat}"], 1),
+                unit="us",
+                title=f"Caller's wait per send, {latency_titles[stat]} (ours: on disk)",
+                anchor_is=rsyslog,
                 higher_is_better=False,
             )
             for stat in ("p50_us", "p99_us", "p999_us")
         ),
         figure(
             "sigkill_delivered_fraction",
-            pooled["ours"],
-            pooled["anchor"],
-            "acknowledged events delivered / acknowledged, over all kills",
-            higher_is_better=True,
-            digits=6,
+            round(pooled["ours"], 6),
+            round(pooled["anchor"], 6),
+            unit="fraction",
+            title="Acknowledged events found in Kafka after SIGKILLs of the shipper",
+            anchor_is=rsyslog,
         ),
         figure(
-            "shipper_cpu_us_per_event",
-            m["ours_cpu_us_per_event"],
-            m["anchor_cpu_us_per_event"],
-            "us CPU of the agent process per event",
+            "sigkill_acknowledged_lost",
+            totals("ours")["lost"],
+            totals("anchor")["lost"],
+            unit="events, all kills",
+            title="Acknowledged events lost to SIGKILLs of the shipper",
+            anchor_is=rsyslog,
             higher_is_better=False,
-            digits=2,
+        )
+        | {
+            "ratio": round((totals("anchor")["lost"] + 1) / (totals("ours")["lost"] + 1), 4),
+            "ratio_definition": "(anchor_lost + 1) / (ours_lost + 1)",
+        },
+        figure(
+            "shipper_cpu_us_per_event",
+            round(m["ours_cpu_us_per_event"], 2),
+            round(m["anchor_cpu_us_per_event"], 2),
+            unit="us CPU per event",
+            title="CPU of the shipper process per event",
+            anchor_is=rsyslog,
+            higher_is_better=False,
         ),
     ]
     return {
@@ -1117,6 +1122,8 @@ def build_result(
         "ratio": safe_ratio(ours, anchor),
         "unit": "events/s",
         "higher_is_better": True,
+        "title": "Events/s from callers into Kafka through the local shipper, 8 threads",
+        "anchor_is": rsyslog,
         "figures": figures,
         "latency_us": {
             side: {
