@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint unit slow bench report report-check clean java
+.PHONY: run test lint unit slow bench report report-check clean java rsyslog
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,17 @@ java:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 		openjdk-17-jre-headless; }
 
+# The log-shipper anchor of the benchmarks (and its tests): rsyslog with omkafka.
+rsyslog:
+	@{ command -v rsyslogd >/dev/null 2>&1 && \
+		ls /usr/lib/*/rsyslog/omkafka.so /usr/lib/rsyslog/omkafka.so 2>/dev/null | grep -q .; } || \
+	{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+		--no-install-recommends rsyslog rsyslog-kafka; }
+
 run: $(STAMP) java
 	$(BIN)/python -m eventspool.demo
 
-test: $(STAMP) java lint
+test: $(STAMP) java rsyslog lint
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -33,22 +40,22 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 
-slow: $(STAMP) java
+slow: $(STAMP) java rsyslog
 	$(BIN)/python -m pytest -n 2 -m slow $(PYTEST_ARGS)
 
 # bench/report.py runs the benches itself, so it is not one of them.
 BENCH_SCRIPTS := $(filter-out bench/report.py,$(wildcard bench/[!_]*.py))
 REPORT_ARGS ?=
 
-bench: $(STAMP) java
+bench: $(STAMP) java rsyslog
 	for script in $(BENCH_SCRIPTS); do $(BIN)/python $$script --quick || exit 1; done
 
 # docs/benchmarks.md, its plots and data: every bench in full, then a 30-minute soak.
-report: $(STAMP) java
+report: $(STAMP) java rsyslog
 	$(BIN)/python bench/report.py $(REPORT_ARGS)
 
 # Rerun every bench as the published report was run and compare the ratios.
-report-check: $(STAMP) java
+report-check: $(STAMP) java rsyslog
 	$(BIN)/python bench/report.py --check $(REPORT_ARGS)
 
 clean:
