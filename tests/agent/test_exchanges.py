@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import os
 import signal
-import socket
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,25 +17,15 @@ from eventspool.broker import LocalBroker
 from eventspool.client.aio import AsyncClient
 from eventspool.client.sync import Client
 from eventspool.errors import InvalidEventError, UnknownExchangeError, UnroutableError
+from eventspool.testing.agent import AgentProcess, UnixHTTPConnection
 from eventspool.verify import consume_topic
-from tests.agent.conftest import AgentFactory, AgentProcess
+from tests.agent.conftest import AgentFactory
 from tests.routing.tutorial import TUTORIAL
-
-
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: Path) -> None:
-        super().__init__("agent", timeout=30)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(30)
-        self.sock.connect(str(self._path))
 
 
 def call(agent: AgentProcess, method: str, target: str, body: object = None) -> tuple[int, Any]:
     """One HTTP request to the agent's socket; (status, decoded JSON body)."""
-    connection = _UnixHTTPConnection(agent.socket_path)
+    connection = UnixHTTPConnection(agent.socket_path)
     try:
         payload = None if body is None else json.dumps(body).encode()
         connection.request(method, target, body=payload)
