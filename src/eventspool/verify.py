@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from eventspool.consumer.endoffsets import true_end_offsets
+
 
 @dataclass(frozen=True, slots=True)
 class Ledger:
@@ -33,11 +35,15 @@ def consume_event_ids(
     expected: Collection[str],
     timeout: float = 60.0,
     progress: Callable[[int], None] | None = None,
+    *,
+    to_end: bool = False,
 ) -> Counter[str]:
     """Count each `event_id` header found in `topics`, until every expected id is seen.
 
     Waits for topics that do not exist yet (created on first use). Stops at `timeout`
-    too, so a loss shows up as missing ids rather than a hang.
+    too, so a loss shows up as missing ids rather than a hang. With `to_end`, also reads
+    every partition up to its end as it was when the read began (exact on tansu too), so
+    the duplicates and the records nobody expected behind the last expected one count.
     """
     consumer = Consumer(
         {
@@ -61,11 +67,22 @@ def consume_event_ids(
             if topic in metadata.topics
             for partition in metadata.topics[topic].partitions
         ]
+        ends = (
+            true_end_offsets(consumer, [(tp.topic, tp.partition) for tp in assignment])
+            if to_end
+            else {}
+        )
+        positions: dict[tuple[str | None, int | None], int] = {}
         consumer.assign(assignment)
-        while missing and time.monotonic() < deadline:
+        while (
+            missing or any(positions.get(where, 0) < end for where, end in ends.items())
+        ) and time.monotonic() < deadline:
             for message in consumer.consume(10_000, 0.5):
                 if message.error():
                     continue
+                offset = message.offset()
+                if offset is not None:
+                    positions[(message.topic(), message.partition())] = offset + 1
                 raw = dict(message.headers() or []).get("event_id")
                 if isinstance(raw, bytes):
                     event_id = raw.decode()
