@@ -77,14 +77,14 @@ class HandlerLedger:
 class LedgerReader:
     """Follows the ledger files `directory/PATTERN` as they grow and are created.
 
-    `counts` maps (target, event_id) to the number of lines that named it; a line still
+    `counts[target][event_id]` is the number of lines that named the event; a line still
     being written (no newline yet) is read on a later `poll()`.
     """
 
     def __init__(self, directory: Path, pattern: str) -> None:
         self.directory = directory
         self.pattern = pattern
-        self.counts: Counter[tuple[str, str]] = Counter()
+        self.counts: dict[str, Counter[str]] = {}
         self.lines = 0
         self._offsets: dict[Path, int] = {}
 
@@ -105,7 +105,10 @@ class LedgerReader:
                     break
                 for line in chunk[:end].decode().splitlines():
                     event_id, _, target = line.partition(" ")
-                    self.counts[(target, event_id)] += 1
+                    counts = self.counts.get(target)
+                    if counts is None:
+                        counts = self.counts[target] = Counter()
+                    counts[event_id] += 1
                     self.lines += 1
                 offset += end
                 handle.seek(offset)
@@ -113,7 +116,4 @@ class LedgerReader:
 
     def ids(self, target: str) -> set[str]:
         """Every event id written for `target`."""
-        return {event_id for (where, event_id) in self.counts if where == target}
-
-    def targets(self) -> set[str]:
-        return {where for where, _ in self.counts}
+        return set(self.counts.get(target, ()))
