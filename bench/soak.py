@@ -386,18 +386,24 @@ class FaultInjector(threading.Thread):
 
     def _worker_kill(self) -> str:
         consumer = self.rig.consumer.pid
-        pids = json.loads(self.rig.worker_pids.read_text())
-        victims = [pid for pid in pids if _descends_from(pid, consumer)]
-        if not victims:
-            raise SoakError(f"no worker of the consumer (pid {consumer}) among {pids}")
+        deadline = time.monotonic() + WORKER_REPLACED_TIMEOUT_S
+        # The list is the consumer's, a moment old: a worker it just replaced is skipped.
+        while not (victims := [p for p in self._worker_pids() if _descends_from(p, consumer)]):
+            if time.monotonic() > deadline:
+                raise SoakError(f"no live worker of the consumer (pid {consumer}) listed")
+            time.sleep(0.05)
         victim = self.rng.choice(victims)
         os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + WORKER_REPLACED_TIMEOUT_S
-        while victim in json.loads(self.rig.worker_pids.read_text()):
+        while victim in self._worker_pids():
             if time.monotonic() > deadline:
                 return f"worker {victim} killed; not replaced in {WORKER_REPLACED_TIMEOUT_S} s"
             time.sleep(0.05)
         return f"worker {victim} killed and replaced"
+
+    def _worker_pids(self) -> list[int]:
+        pids: list[int] = json.loads(self.rig.worker_pids.read_text())
+        return pids
 
     def _disk_full(self) -> str:
         disk = self.rig.disk
