@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import confluent_kafka
 
@@ -194,7 +194,7 @@ def refusal_reason(error: BaseException) -> str:
     return type(error).__name__
 
 
-def _die(error: BaseException) -> None:
+def _die(error: BaseException) -> NoReturn:
     """An error no send should raise ends the process, so the soak sees it and stops."""
     traceback.print_exception(error, file=sys.stderr)
     sys.stderr.flush()

@@ -131,6 +131,8 @@ ANCHOR_RATE = 300.0
 
 DISK_BYTES = 48 * 1024 * 1024
 DISK_LEAVE_BYTES = 16 * 1024
+# The existing queue probed on a full disk: a large one, which a cut before never fills.
+DISK_PROBE_TOPIC = max(TOPICS, key=lambda topic: topic.queue_bytes).name
 FAULT_KINDS = ("broker_cut", "agent_kill", "worker_kill", "disk_full")
 
 
@@ -410,7 +412,7 @@ class FaultInjector(threading.Thread):
         assert disk is not None
         ballast = disk.fill(DISK_LEAVE_BYTES)
         try:
-            existing = self._probe(TOPICS[0].name)
+            existing = self._probe(DISK_PROBE_TOPIC)
             self._fresh_topics += 1
             fresh = self._probe(f"soak.fresh-{self._fresh_topics}")
             checks = self.disk_checks
