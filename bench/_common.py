@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from eventspool.config import SenderSettings, SpoolSettings
+
 QUICK_REPEATS = 3
 FULL_REPEATS = 5
 
@@ -93,6 +95,35 @@ def parse_args(
         keep=bool(ns.keep),
         namespace=ns,
     )
+
+
+# ---- the anchor producer -----------------------------------------------------------
+
+# Sender pads message.max.bytes by this much above max_event_bytes (its private constant).
+SENDER_ENVELOPE_OVERHEAD = 4096
+# What eventspool.sender.sender.Sender gives its producer besides the SenderSettings.
+SENDER_PRODUCER_CONFIG: dict[str, object] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "message.timeout.ms": 0,
+    "queue.buffering.max.messages": 2_000_000,
+    "queue.buffering.max.kbytes": 2_097_151,
+}
+
+
+def sender_producer_config(bootstrap: str) -> dict[str, object]:
+    """The settings the sender gives its own producer (see eventspool.sender.sender), with
+    the SenderSettings defaults: what an anchor's bare `confluent_kafka.Producer` uses."""
+    sender = SenderSettings()
+    spool = SpoolSettings()
+    return {
+        "bootstrap.servers": bootstrap,
+        **SENDER_PRODUCER_CONFIG,
+        "message.max.bytes": max(1_000_000, spool.max_event_bytes + SENDER_ENVELOPE_OVERHEAD),
+        "linger.ms": sender.linger_ms,
+        "batch.size": sender.batch_size,
+        "compression.type": sender.compression,
+    }
 
 
 # ---- statistics ------------------------------------------------------------------

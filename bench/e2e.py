@@ -54,6 +54,7 @@ from typing import Any
 import confluent_kafka
 
 from _common import (
+    SENDER_PRODUCER_CONFIG,
     BenchArgs,
     elapsed_s,
     emit_result,
@@ -66,6 +67,7 @@ from _common import (
     print_table,
     progress,
     safe_ratio,
+    sender_producer_config,
 )
 from eventspool.broker.local import LocalBroker, create_topic
 from eventspool.config import SenderSettings, SpoolSettings
@@ -84,16 +86,6 @@ WARMUP_EVENTS = 2_000
 FLUSH_TIMEOUT_S = 300.0
 ANCHOR_POLL_EVERY = 1000
 SENDER_THREAD_NAME = "eventspool-sender"  # the name Sender gives its thread
-# Sender pads message.max.bytes by this much above max_event_bytes (its private constant).
-SENDER_ENVELOPE_OVERHEAD = 4096
-# What eventspool.sender.sender.Sender gives its producer besides the SenderSettings.
-SENDER_PRODUCER_CONFIG: dict[str, object] = {
-    "enable.idempotence": True,
-    "acks": "all",
-    "message.timeout.ms": 0,
-    "queue.buffering.max.messages": 2_000_000,
-    "queue.buffering.max.kbytes": 2_097_151,
-}
 
 
 # ---- the workload ----------------------------------------------------------------------
@@ -276,20 +268,13 @@ class RunResult:
 
 
 def anchor_config(bootstrap: str, errors: list[int]) -> dict[str, Any]:
-    """The sender's producer settings (see eventspool.sender.sender), plus murmur2_random."""
-    sender = SenderSettings()
-    spool = SpoolSettings()
+    """The sender's producer settings, plus murmur2_random."""
 
     def count_error(_error: object) -> None:
         errors[0] += 1
 
     return {
-        "bootstrap.servers": bootstrap,
-        **SENDER_PRODUCER_CONFIG,
-        "message.max.bytes": max(1_000_000, spool.max_event_bytes + SENDER_ENVELOPE_OVERHEAD),
-        "linger.ms": sender.linger_ms,
-        "batch.size": sender.batch_size,
-        "compression.type": sender.compression,
+        **sender_producer_config(bootstrap),
         "partitioner": "murmur2_random",
         "error_cb": count_error,
     }

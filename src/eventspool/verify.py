@@ -15,6 +15,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from eventspool.consumer.endoffsets import true_end_offsets
+
 
 @dataclass(frozen=True, slots=True)
 class Ledger:
@@ -44,6 +46,7 @@ def consume_event_ids(
     id_of: Callable[[Any], str | None] = header_event_id,
     poll_timeout: float = 0.5,
     idle_timeout: float | None = None,
+    to_end: bool = False,
 ) -> Counter[str]:
     """Count each event id found in `topics`, until every expected id is seen.
 
@@ -52,6 +55,9 @@ def consume_event_ids(
     once no record at all arrived for that long (the producer is done, the rest is lost).
     `id_of` reads a record's id (None: not one of ours); `poll_timeout` bounds how late
     the last record is noticed, since each poll waits that long unless 10,000 arrive.
+    With `to_end`, also reads every partition up to its end as it was when the read began
+    (exact on tansu too), so the duplicates and the records nobody expected behind the last
+    expected one count.
     """
     consumer = Consumer(
         {
@@ -75,13 +81,24 @@ def consume_event_ids(
             if topic in metadata.topics
             for partition in metadata.topics[topic].partitions
         ]
+        ends = (
+            true_end_offsets(consumer, [(tp.topic, tp.partition) for tp in assignment])
+            if to_end
+            else {}
+        )
+        positions: dict[tuple[str | None, int | None], int] = {}
         consumer.assign(assignment)
         last_record = time.monotonic()
-        while missing and time.monotonic() < deadline:
+        while (
+            missing or any(positions.get(where, 0) < end for where, end in ends.items())
+        ) and time.monotonic() < deadline:
             for message in consumer.consume(10_000, poll_timeout):
                 if message.error():
                     continue
                 last_record = time.monotonic()
+                offset = message.offset()
+                if offset is not None:
+                    positions[(message.topic(), message.partition())] = offset + 1
                 event_id = id_of(message)
                 if event_id is not None:
                     seen[event_id] += 1

@@ -48,8 +48,9 @@ from eventspool.broker import LocalBroker
 from eventspool.client.sync import Client
 from eventspool.config import validate_topic
 from eventspool.errors import InvalidTopicError
+from eventspool.testing.agent import AgentProcess
 from eventspool.verify import consume_event_ids, ledger
-from tests.agent.conftest import AgentFactory, AgentProcess
+from tests.agent.conftest import AgentFactory
 
 RecordProperty = Callable[[str, object], None]
 

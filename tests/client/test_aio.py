@@ -16,9 +16,10 @@ from eventspool import EventTooLargeError, InvalidEventError, InvalidTopicError
 from eventspool.broker import LocalBroker
 from eventspool.client.aio import AsyncClient
 from eventspool.client.sync import AgentError, Client
+from eventspool.testing.agent import AgentProcess
 from eventspool.verify import consume_event_ids, ledger
 from tests.agent import conftest as agent_fixtures
-from tests.agent.conftest import AgentFactory, AgentProcess
+from tests.agent.conftest import AgentFactory
 
 # pytest collects fixtures from module attributes by attribute name: this brings the agent
 # tests' fixture here (an import of the name would read as unused, then as redefined).

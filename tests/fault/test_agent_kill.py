@@ -22,14 +22,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import pytest
 
 from eventspool.broker import LocalBroker, find_free_port
-from eventspool.client.sync import AgentError, Client
+from eventspool.testing.agent import AgentProcess
 from eventspool.verify import consume_event_ids, ledger
-from tests.agent.conftest import AgentProcess, call
+from tests.agent.conftest import call
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
@@ -115,33 +115,6 @@ def _reported(children: list[_ClientChild]) -> int:
     return sum(len(child.reader.lines) for child in children)
 
 
-def _start_agent(agent: AgentProcess) -> float:
-    """Start the agent and wait until it answers a PING; returns the seconds that took.
-
-    The socket file of a killed agent is still there, so its existence proves nothing:
-    only an answer does.
-    """
-    started = time.monotonic()
-    process = agent.start(wait=False)
-    while True:
-        assert process.poll() is None, f"agent exited: {agent.log.read_text()[-3000:]}"
-        assert time.monotonic() - started < START_TIMEOUT_S, "agent did not start"
-        try:
-            with Client(agent.socket_path, timeout=0.2) as probe:
-                probe.ping()
-        except AgentError:
-            time.sleep(0.02)
-            continue
-        return time.monotonic() - started
-
-
-def _kill_agent(agent: AgentProcess) -> None:
-    assert agent.process is not None
-    assert agent.process.poll() is None, f"agent died by itself: {agent.log.read_text()[-3000:]}"
-    os.kill(agent.process.pid, signal.SIGKILL)
-    agent.process.wait()
-
-
 def _wait_for_progress(children: list[_ClientChild], events: int) -> None:
     """Until the clients together had `events` more sends acknowledged: they are connected."""
     target = _reported(children) + events
@@ -151,26 +124,6 @@ def _wait_for_progress(children: list[_ClientChild], events: int) -> None:
             child.check_alive()
         assert time.monotonic() < deadline, "the clients made no progress after a restart"
         time.sleep(0.01)
-
-
-def _agent_stats(socket_path: Path) -> dict[str, Any]:
-    """The agent's STATS answer, over a connection of its own."""
-    with Client(socket_path, timeout=5.0) as probe:
-        return probe.stats()
-
-
-def _wait_until_drained(socket_path: Path) -> float:
-    """Until the agent holds no unacknowledged event; returns the seconds that took."""
-    started = time.monotonic()
-    while True:
-        stats = _agent_stats(socket_path)
-        depth = sum(int(queue["depth"]) for queue in stats["queues"])
-        if depth == 0:
-            return time.monotonic() - started
-        assert time.monotonic() - started < DRAIN_TIMEOUT_S, (
-            f"{depth} events still unacknowledged after {DRAIN_TIMEOUT_S} s: {stats}"
-        )
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -199,7 +152,7 @@ def test_sigkilled_agent_loses_no_acknowledged_event(
     restart_s: list[float] = []
     try:
         try:
-            restart_s.append(_start_agent(agent))
+            restart_s.append(agent.start_answering(START_TIMEOUT_S))
             children = [
                 _ClientChild(
                     agent.socket_path, topic, tmp_path / f"client-{n}.stderr", rng.getrandbits(32)
@@ -209,8 +162,8 @@ def test_sigkilled_agent_loses_no_acknowledged_event(
             for _ in range(KILL_CYCLES):
                 _wait_for_progress(children, PROGRESS_EVENTS)
                 time.sleep(rng.uniform(*KILL_DELAY_S))
-                _kill_agent(agent)
-                restart_s.append(_start_agent(agent))
+                agent.kill()
+                restart_s.append(agent.start_answering(START_TIMEOUT_S))
             # The clients reconnect once more, after the last restart, before they stop.
             _wait_for_progress(children, PROGRESS_EVENTS)
             for child in children:
@@ -218,8 +171,8 @@ def test_sigkilled_agent_loses_no_acknowledged_event(
         finally:
             for child in children:
                 child.stop()
-        drain_s = _wait_until_drained(agent.socket_path)
-        stats = _agent_stats(agent.socket_path)
+        drain_s = agent.wait_until_drained(DRAIN_TIMEOUT_S)
+        stats = agent.stats()
     finally:
         agent.stop()
 
@@ -272,7 +225,7 @@ def test_events_acknowledged_over_http_survive_a_sigkill_of_the_agent(
     offline = AgentProcess(tmp_path, f"127.0.0.1:{find_free_port()}", socket_path=socket_path)
     ids: list[str] = []
     try:
-        _start_agent(offline)
+        offline.start_answering()
         for request in range(HTTP_REQUESTS):
             events = [
                 {"value": f"http {request}-{n}", "key": f"k{n}"}
@@ -282,15 +235,14 @@ def test_events_acknowledged_over_http_survive_a_sigkill_of_the_agent(
             assert status == 200, answer
             assert [result["status"] for result in answer["results"]] == ["ok"] * len(events)
             ids.extend(result["event_id"] for result in answer["results"])
-        held = sum(int(queue["depth"]) for queue in _agent_stats(socket_path)["queues"])
-        assert held == len(ids), "events left the agent although Kafka was unreachable"
-        _kill_agent(offline)
+        assert offline.depth() == len(ids), "events left the agent although Kafka was unreachable"
+        offline.kill()
     finally:
         offline.stop()
 
     online = AgentProcess(tmp_path, broker.bootstrap_servers, socket_path=socket_path)
     try:
-        _start_agent(online)
+        online.start_answering()
         seen = consume_event_ids(broker.bootstrap_servers, [topic], ids, timeout=60)
     finally:
         online.stop()

@@ -26,8 +26,8 @@ import pytest
 
 from eventspool.broker import LocalBroker
 from eventspool.spool.api import Spool
+from eventspool.testing.agent import AgentProcess
 from eventspool.verify import consume_event_ids
-from tests.agent.conftest import AgentProcess
 from tests.fault import test_agent_kill as agent_kill
 from tests.fault.routing_child import EXCHANGE, PARTITIONS
 
@@ -179,7 +179,7 @@ def test_fanout_through_a_sigkilled_agent_reaches_every_topic(
     children: list[agent_kill._ClientChild] = []
     try:
         try:
-            agent_kill._start_agent(agent)
+            agent.start_answering(agent_kill.START_TIMEOUT_S)
             children = [
                 agent_kill._ClientChild(
                     agent.socket_path,
@@ -192,15 +192,15 @@ def test_fanout_through_a_sigkilled_agent_reaches_every_topic(
             for _ in range(AGENT_KILL_CYCLES):
                 agent_kill._wait_for_progress(children, agent_kill.PROGRESS_EVENTS)
                 time.sleep(rng.uniform(*agent_kill.KILL_DELAY_S))
-                agent_kill._kill_agent(agent)
-                agent_kill._start_agent(agent)
+                agent.kill()
+                agent.start_answering(agent_kill.START_TIMEOUT_S)
             agent_kill._wait_for_progress(children, agent_kill.PROGRESS_EVENTS)
             for child in children:
                 child.check_alive()
         finally:
             for child in children:
                 child.stop()
-        agent_kill._wait_until_drained(agent.socket_path)
+        agent.wait_until_drained(agent_kill.DRAIN_TIMEOUT_S)
     finally:
         agent.stop()
 

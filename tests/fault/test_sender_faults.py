@@ -8,8 +8,8 @@ what is compared, never offsets or watermarks (tansu's high watermark is the bas
 of the last batch + 1).
 
 Outages are made by `FaultProxy`. A Kafka client talks to the address the broker
-advertises, so these tests run their own tansu that advertises the proxy's port:
-`LocalBroker` cannot advertise another port than its own.
+advertises, so these tests run their own tansu that advertises the proxy's port
+(`ProxiedBroker`).
 """
 
 from __future__ import annotations
@@ -33,55 +33,19 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from eventspool.broker import LocalBroker, create_topic, find_free_port, find_tansu
+from eventspool.broker import LocalBroker, create_topic
 from eventspool.config import SenderSettings
 from eventspool.spool.api import Spool
-from tests.fault.proxy import FaultProxy
+from eventspool.testing.broker import ProxiedBroker
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 HOST = "127.0.0.1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-_START_ATTEMPTS = 3
-_START_TIMEOUT_S = 15.0
-_TANSU_ENV_TO_DROP = ("SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT")
 RecordProperty = Callable[[str, object], None]
 
 
 # ---- a broker behind a proxy --------------------------------------------------------
-
-
-@dataclass
-class ProxiedBroker:
-    """A tansu whose only advertised address is the proxy, so every client goes through it."""
-
-    proxy: FaultProxy
-    process: subprocess.Popen[bytes]
-    port: int  # tansu's own listener: only the proxy connects here
-    cluster_id: str
-    log_path: Path
-
-    @property
-    def bootstrap_servers(self) -> str:
-        return self.proxy.address
-
-    def stop(self) -> None:
-        # Proxy first: with no client connected, tansu's SIGTERM does not wait 5 s.
-        self.proxy.close()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(2.0)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def _log_tail(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")[-3000:]
-    except OSError as exc:
-        return f"(log unreadable: {exc})"
 
 
 def _metadata(bootstrap: str, timeout: float) -> object | None:
@@ -92,57 +56,11 @@ def _metadata(bootstrap: str, timeout: float) -> object | None:
         return None
 
 
-def _start_proxied_broker(log_dir: Path) -> ProxiedBroker:
-    """Start a proxy and a tansu advertising it; retry when tansu loses its port to a race."""
-    binary = find_tansu()
-    env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV_TO_DROP}
-    env["NO_COLOR"] = "1"
-    for attempt in range(1, _START_ATTEMPTS + 1):
-        port = find_free_port()
-        proxy = FaultProxy(HOST, port)
-        cluster_id = f"eventspool-fault-{uuid.uuid4().hex[:12]}"
-        log_path = log_dir / f"tansu-{cluster_id}.log"
-        command = [
-            os.fspath(binary),
-            "broker",
-            "--cluster-id",
-            cluster_id,
-            "--listener-url",
-            f"tcp://{HOST}:{port}",
-            "--advertised-listener-url",
-            f"tcp://{proxy.address}",
-            "--storage-engine",
-            "memory://tansu/",
-        ]
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
-            )
-        started = ProxiedBroker(proxy, process, port, cluster_id, log_path)
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while process.poll() is None and time.monotonic() < deadline:
-            metadata = _metadata(proxy.address, timeout=1.0)
-            if metadata is not None and getattr(metadata, "cluster_id", None) == cluster_id:
-                advertised = {(b.host, b.port) for b in getattr(metadata, "brokers", {}).values()}
-                assert advertised == {(HOST, proxy.port)}, f"tansu advertises {advertised}"
-                return started
-            time.sleep(0.05)
-        started.stop()
-        tail = _log_tail(log_path)
-        if "AddrInUse" in tail and attempt < _START_ATTEMPTS:
-            continue
-        raise RuntimeError(f"tansu behind the proxy did not start; end of its log:\n{tail}")
-    raise AssertionError("unreachable")
-
-
 @pytest.fixture
 def proxied_broker(tmp_path: Path) -> Iterator[ProxiedBroker]:
     """A fresh broker per test: each test cuts its proxy, and the advertised port is fixed."""
-    started = _start_proxied_broker(tmp_path)
-    try:
+    with ProxiedBroker(tmp_path) as started:
         yield started
-    finally:
-        started.stop()
 
 
 # ---- reading back what reached Kafka ------------------------------------------------

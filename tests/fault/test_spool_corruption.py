@@ -29,6 +29,7 @@ from eventspool.envelope import decode
 from eventspool.errors import CorruptQueueError, QueueFileError
 from eventspool.spool.api import Spool
 from eventspool.spool.ring import HEADER_SIZE, RingQueue, frame_size
+from eventspool.testing.disk import DiskUnavailableError, SmallDisk
 
 pytestmark = pytest.mark.fault
 
@@ -510,26 +511,12 @@ def test_new_topic_on_a_full_disk_fails_cleanly(tmp_path: Path) -> None:
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A real 2 MiB tmpfs, where posix_fallocate fails with ENOSPC."""
-    mountpoint = tmp_path / "tmpfs"
-    mountpoint.mkdir()
     try:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mountpoint)],
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
-    except FileNotFoundError:
-        pytest.skip("no mount command here, so no small tmpfs to fill")
-    if mounted.returncode != 0:
-        pytest.skip(
-            "mounting a tmpfs is not permitted here (needs CAP_SYS_ADMIN): "
-            + mounted.stderr.decode(errors="replace").strip()
-        )
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False, timeout=30)
+        disk = SmallDisk(tmp_path / "tmpfs", 2 * 1024 * 1024)
+    except DiskUnavailableError as exc:
+        pytest.skip(str(exc))
+    with disk:
+        yield disk.path
 
 
 def test_new_topic_on_a_full_tmpfs_fails_cleanly(small_tmpfs: Path) -> None:

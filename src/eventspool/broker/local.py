@@ -170,6 +170,8 @@ class LocalBroker:
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`. With ``port=None``
     a free port is picked at start (and re-picked if another process grabs it first).
+    ``advertised_port`` is the port tansu tells clients to use instead of its own: a proxy
+    in front of it (clients connect to the advertised address after their first request).
     """
 
     def __init__(
@@ -179,11 +181,13 @@ class LocalBroker:
         port: int | None = None,
         binary: str | os.PathLike[str] | None = None,
         cluster_id: str | None = None,
+        advertised_port: int | None = None,
     ) -> None:
         # Absolute, so a log path recorded in a state file stays valid from any directory.
         self._log_dir = Path(log_dir).absolute()
         self._requested_port = port
         self._port = port
+        self._advertised_port = advertised_port
         self._binary = binary
         # A cluster id of our own lets start() tell our broker apart from one that already
         # listens on the port (tansu itself exits quietly when it cannot bind).
@@ -250,6 +254,7 @@ class LocalBroker:
         # Named by cluster id: another broker's log must survive our failed bind to its port.
         self._log_path = self._log_dir / f"tansu-{self.cluster_id}.log"
         url = f"tcp://{self.bootstrap_servers}"
+        advertised = f"tcp://{HOST}:{self._advertised_port or self.port}"
         command = [
             os.fspath(binary),
             "broker",
@@ -258,7 +263,7 @@ class LocalBroker:
             "--listener-url",
             url,
             "--advertised-listener-url",
-            url,
+            advertised,
             "--storage-engine",
             "memory://tansu/",
         ]

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fault.proxy import FaultProxy
+from eventspool.testing.proxy import FaultProxy
 
 _TIMEOUT_S = 5.0
 

@@ -1,4 +1,4 @@
-"""A fault-injecting TCP proxy for tests: forwards to one target until told to cut.
+"""A fault-injecting TCP proxy: forwards to one target until told to cut.
 
 `cut()` closes every open connection at once and, until `restore()`, accepts each new
 connection only to close it straight away, the way a client sees a broker that died

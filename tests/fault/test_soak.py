@@ -1,0 +1,83 @@
+"""The soak (bench/soak.py) for two minutes: every fault kind, and not one acknowledged event lost.
+
+It runs as a subprocess, exactly as the 30-minute report does, and only its final JSON
+is judged: acknowledged events lost on the way to Kafka and on the way to the
+consumer's handlers (both must be zero), every fault kind injected at least once
+(the disk-full one may be skipped where no tmpfs can be mounted, with the reason), the
+disk-full probes answered as they must be, duplicates reported as numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SOAK = REPO_ROOT / "bench" / "soak.py"
+DURATION_S = 120
+TIMEOUT_S = 480  # the workload, then the drain, the read-back and the consumer's catch-up
+MIN_ACKNOWLEDGED = 20_000  # well under the paced rate: the workload really ran
+RecordProperty = Callable[[str, object], None]
+
+
+def test_two_minute_soak_loses_no_acknowledged_event(
+    tmp_path: Path, record_property: RecordProperty
+) -> None:
+    seed = int.from_bytes(os.urandom(4), "little")
+    record_property("seed", seed)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.fspath(SOAK),
+            "--duration",
+            str(DURATION_S),
+            "--seed",
+            str(seed),
+            "--dir",
+            os.fspath(tmp_path),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    stderr = proc.stderr.decode(errors="replace")
+    lines = proc.stdout.decode().strip().splitlines()
+    assert lines, f"seed {seed}: the soak printed no result (exit {proc.returncode}):\n{stderr}"
+    result = json.loads(lines[-1])
+    ledger, consumer = result["ledger"], result["consumer_ledger"]
+    for name in ("acknowledged_events", "delivered", "lost", "duplicates"):
+        record_property(f"ledger_{name}", ledger[name])
+    for name in ("in_kafka", "handled", "lost", "duplicates"):
+        record_property(f"consumer_{name}", consumer[name])
+    record_property("refused", ledger["refused"])
+    record_property("faults_by_kind", result["faults_by_kind"])
+    record_property("anchor_lost", result["anchor_ledger"]["lost"])
+    summary = f"seed {seed}; end of the soak's stderr:\n{stderr[-3000:]}"
+
+    assert ledger["lost"] == 0, f"{ledger['lost']} acknowledged events not in Kafka; {summary}"
+    assert consumer["lost"] == 0, f"{consumer['lost']} events never handled; {summary}"
+    assert consumer["handled_not_in_kafka"] == 0, summary
+    assert proc.returncode == 0, f"the soak failed (exit {proc.returncode}); {summary}"
+    assert ledger["acknowledged_events"] >= MIN_ACKNOWLEDGED, summary
+    assert type(ledger["duplicates"]) is int, summary
+    assert type(consumer["duplicates"]) is int, summary
+
+    skipped = result["faults_skipped"]
+    for kind, count in result["faults_by_kind"].items():
+        if kind not in skipped:
+            assert count >= 1, f"no {kind} fault was injected; {summary}"
+    if "disk_full" not in skipped:
+        checks = result["disk_full_checks"]
+        assert checks["existing_queue_accepted"] >= 1, f"{checks}; {summary}"
+        assert checks["existing_queue_refused"] == 0, f"{checks}; {summary}"
+        assert checks["new_queue_refused"] >= 1, f"{checks}; {summary}"
+        assert checks["new_queue_accepted"] == 0, f"{checks}; {summary}"
