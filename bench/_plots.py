@@ -85,9 +85,8 @@ def soak_timeline(result: Mapping[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(figsize=(10, 4))
     times = [float(point["t"]) for point in timeline]
     for series, label, colour in (
-        ("acked", "eventspool: acknowledged", OURS_COLOUR),
-        ("delivered", "eventspool: in Kafka", AHEAD_COLOUR),
-        ("anchor_acked", "bare producer: acknowledged", ANCHOR_COLOUR),
+        ("acked", "acknowledged to the producers", OURS_COLOUR),
+        ("handled", "handled by the consumer", AHEAD_COLOUR),
     ):
         if timeline and series in timeline[0]:
             axes.plot(times, [point[series] for point in timeline], label=label, color=colour)

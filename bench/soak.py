@@ -87,6 +87,7 @@ from _common import (
     BenchArgs,
     elapsed_s,
     emit_result,
+    figure,
     filesystem_type,
     load_average_1m,
     machine,
@@ -847,6 +848,23 @@ def build_result(args: BenchArgs, duration_s: float, seed: int, run: Outcome) ->
         "anchor": round(anchor_fraction, 6),
         "ratio": safe_ratio(ours_fraction, anchor_fraction, 6),
         "unit": "fraction of acknowledged events found in Kafka",
+        "title": "Acknowledged events found in Kafka after the soak's faults",
+        "anchor_is": "a bare Producer, SIGKILLed with the agent",
+        "figures": [
+            figure(
+                "soak_acknowledged_lost",
+                totals["lost"],
+                anchor.lost,
+                unit="events",
+                title="Acknowledged events lost over the whole soak",
+                anchor_is="a bare Producer, SIGKILLed with the agent",
+                higher_is_better=False,
+            )
+            | {
+                "ratio": round((anchor.lost + 1) / (totals["lost"] + 1), 4),
+                "ratio_definition": "(anchor_lost + 1) / (ours_lost + 1)",
+            },
+        ],
         "ledger": {
             "acknowledged_events": run.produced.lines,
             "expected_records": totals["sent"],

@@ -90,8 +90,8 @@ def store() -> dict[str, Any]:
         "ours": 1.0,
         "anchor": 0.8,
         "ratio": 1.25,
-        "ledger": {"acked": 1000, "delivered": 1000, "lost": 0, "duplicates": 3},
-        "timeline": [{"t": 0, "acked": 0}, {"t": 5, "acked": 500}, {"t": 10, "acked": 1000}],
+        "ledger": {"acked": 1000, "lost": 0, "duplicates": 3, "by_topic": {"a": {"lost": 0}}},
+        "timeline": [{"t": 0, "acked": 0, "handled": 0}, {"t": 5, "acked": 500, "handled": 400}],
         "faults": [{"t": 2, "kind": "broker_cut", "duration_s": 3}, {"t": 7, "kind": "agent_kill"}],
     }
     return {
@@ -116,6 +116,7 @@ def test_the_page_and_plots_are_drawn_from_the_stored_results(tmp_path: Path) ->
     assert "| CPU per million | the producer | 2 | 3 | **1.5** | CPU s, lower is better |" in page
     assert "Command: `python bench/soak.py --duration 1800`, 32 min" in page
     assert "| lost | 0 |" in page and "| duplicates | 3 |" in page
+    assert "by topic" not in page  # nested breakdowns stay in the JSON
     assert "  - linger.ms: `5`" in page
     assert "Test CPU, 2 usable cores" in page
     images = sorted(p.name for p in (tmp_path / "img").iterdir())
