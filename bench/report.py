@@ -81,7 +81,8 @@ def run_script(script: str, args: Sequence[str], position: str) -> dict[str, Any
     if finished.returncode != 0:
         raise SystemExit(
             f"bench/{script}.py failed with exit status {finished.returncode} after "
-            f"{elapsed:.0f} s; its output is above. Nothing was written."
+            f"{elapsed:.0f} s; its output is above. The results of the scripts before it are "
+            f"kept in {STORE.name}: rerun the rest with --only."
         )
     result = last_json_line(finished.stdout, script)
     ratio = result.get("ratio")
@@ -110,11 +111,8 @@ def last_json_line(stdout: str, script: str) -> dict[str, Any]:
     return result
 
 
-def run_all(
-    scripts: Sequence[str], *, quick: bool, soak_duration_s: int
-) -> tuple[list[dict[str, Any]], float]:
-    started = time.monotonic()
-    runs = [
+def run_all(scripts: Sequence[str], *, quick: bool, soak_duration_s: int) -> list[dict[str, Any]]:
+    return [
         run_script(
             script,
             script_args(script, quick=quick, soak_duration_s=soak_duration_s),
@@ -122,7 +120,6 @@ def run_all(
         )
         for index, script in enumerate(scripts, start=1)
     ]
-    return runs, time.monotonic() - started
 
 
 def revision() -> str:
@@ -138,9 +135,8 @@ def revision() -> str:
 
 
 def write_report(store: Mapping[str, Any], docs_dir: Path = DOCS_DIR) -> None:
-    """benchmarks.json, benchmarks.md and the plots in `docs_dir`, all from `store`."""
+    """benchmarks.md and the plots in `docs_dir`, from `store` (benchmarks.json's content)."""
     page = docs_dir / PAGE.name
-    (docs_dir / STORE.name).write_text(json.dumps(store, indent=1) + "\n", encoding="utf-8")
     images = docs_dir / IMAGE_DIR
     figures: list[Figure] = []
     for run in store["scripts"]:
@@ -152,7 +148,7 @@ def write_report(store: Mapping[str, Any], docs_dir: Path = DOCS_DIR) -> None:
             _plots.soak_timeline(result, images / SOAK_PLOT)
     _plots.ratio_overview(figures, images / RATIO_PLOT)
     page.write_text(render(store, BENCH_DIR), encoding="utf-8")
-    progress(f"wrote {page}, {STORE.name} and the plots in {images}")
+    progress(f"wrote {page} and the plots in {images}")
 
 
 def load_store() -> dict[str, Any]:
@@ -230,29 +226,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         store = load_store()
         quick = bool(store.get("quick"))
         soak_s = args.soak_duration or QUICK_SOAK_S
-        runs, _ = run_all(chosen, quick=quick, soak_duration_s=soak_s)
+        runs = run_all(chosen, quick=quick, soak_duration_s=soak_s)
         return 0 if check(store, runs, args.tolerance) else 1
     soak_s = args.soak_duration or (QUICK_SOAK_S if args.quick else REPORT_SOAK_S)
     measured_revision = revision()
-    runs, elapsed = run_all(chosen, quick=args.quick, soak_duration_s=soak_s)
-    if args.only:
-        stored = load_store()["scripts"] if STORE.exists() else []
-        previous = {run["script"]: run for run in stored}
-        previous.update({run["script"]: run for run in runs})
-        runs = [previous[name] for name in available if name in previous]
-        elapsed = sum(float(run["elapsed_s"]) for run in runs)
+    stored = load_store()["scripts"] if STORE.exists() else []
+    results = {run["script"]: run for run in stored}
+    for index, script in enumerate(chosen, start=1):
+        arguments = script_args(script, quick=args.quick, soak_duration_s=soak_s)
+        run = run_script(script, arguments, f"{index}/{len(chosen)}")
+        results[script] = run | {"revision": measured_revision}
+        # Kept after every script, so a failure later on costs only the script that failed.
+        save_store(
+            [results[name] for name in available if name in results],
+            quick=args.quick,
+            revision=measured_revision,
+        )
+    write_report(load_store())
+    return 0
+
+
+def save_store(runs: Sequence[Mapping[str, Any]], *, quick: bool, revision: str) -> None:
+    soak = next((run for run in runs if run["script"] == SOAK), None)
     store = {
         "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "make report" + (" REPORT_ARGS=--quick" if args.quick else ""),
-        "revision": measured_revision,
-        "quick": args.quick,
-        "soak_duration_s": next((int(r["args"][1]) for r in runs if r["script"] == SOAK), None),
-        "elapsed_s": round(elapsed, 1),
+        "command": "make report" + (" REPORT_ARGS=--quick" if quick else ""),
+        "revision": revision,
+        "quick": quick,
+        "soak_duration_s": int(soak["args"][1]) if soak else None,
+        "elapsed_s": round(sum(float(run["elapsed_s"]) for run in runs), 1),
         "machine": machine(),
-        "scripts": runs,
+        "scripts": list(runs),
     }
-    write_report(store)
-    return 0
+    STORE.write_text(json.dumps(store, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
