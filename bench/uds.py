@@ -575,7 +575,7 @@ def build_result(
         "anchor": round(anchor),
         "ratio": safe_ratio(ours, anchor),
         "unit": "events/s",
-        "title": "Client.send() through the agent's socket, one client of 8 threads",
+        "title": f"Client.send() through the agent, one client shared by {CLIENT_THREADS} threads",
         "anchor_is": "Spool.send() in the application's own process",
         "figures": [
             figure(
@@ -583,7 +583,7 @@ def build_result(
                 round(figures["processes_rate"]),
                 round(anchor),
                 unit="events/s",
-                title="Client.send() through the agent, 8 client processes",
+                title=f"Client.send() through the agent, {PROCESSES} client processes",
                 anchor_is="Spool.send() in the application's own process, 1 thread",
             ),
         ],
