@@ -19,6 +19,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,12 @@ class BenchArgs:
     scratch_parent: Path | None
     keep: bool
     namespace: argparse.Namespace
+
+    def make_scratch(self, prefix: str) -> Path:
+        """A new scratch directory under `--dir` (created if missing) or the system's."""
+        if self.scratch_parent is not None:
+            self.scratch_parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=self.scratch_parent))
 
 
 def parse_args(

@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer as KafkaConsumer
@@ -145,7 +143,7 @@ def anchor(bootstrap: str, topic: str, count: int) -> float:
 def run(args: BenchArgs) -> dict[str, object]:
     events = QUICK_EVENTS if args.quick else FULL_EVENTS
     cpu_events = QUICK_CPU_EVENTS if args.quick else FULL_CPU_EVENTS
-    scratch = Path(tempfile.mkdtemp(prefix="bench-consumer-", dir=args.scratch_parent))
+    scratch = args.make_scratch("bench-consumer-")
     try:
         with LocalBroker(scratch / "broker") as broker:
             bootstrap = broker.bootstrap_servers

@@ -42,7 +42,6 @@ import random
 import resource
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -487,10 +486,7 @@ def run(args: BenchArgs) -> dict[str, object]:
     if (events + WARMUP_EVENTS) * ring_bytes // PARTITIONS > capacity // 2:
         raise SystemExit(f"--events {events} would fill the spool's default rings; use fewer")
 
-    parent = args.scratch_parent
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="eventspool-bench-e2e-", dir=parent))
+    scratch = args.make_scratch("eventspool-bench-e2e-")
     fs_type = filesystem_type(scratch)
     load_start = load_average_1m()
     progress(

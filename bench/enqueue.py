@@ -29,7 +29,6 @@ import os
 import random
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from array import array
@@ -503,10 +502,7 @@ def run(args: BenchArgs) -> dict[str, object]:
     sizes: dict[str, dict[str, int]] = {}
     facts: dict[str, object] = {}
 
-    parent = args.scratch_parent
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="eventspool-bench-", dir=parent))
+    scratch = args.make_scratch("eventspool-bench-")
     spool_dir = scratch / "spool"
     fs_type = filesystem_type(scratch)
     progress(

@@ -45,7 +45,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -339,10 +338,7 @@ def run(args: BenchArgs) -> dict[str, object]:
     seed = seed_arg if seed_arg is not None else int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     delay_range = QUICK_DELAY_S if args.quick else FULL_DELAY_S
-    parent = args.scratch_parent
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="eventspool-bench-kill-", dir=parent))
+    scratch = args.make_scratch("eventspool-bench-kill-")
     fs_type = filesystem_type(scratch)
     load_start = load_average_1m()
     progress(

@@ -105,7 +105,6 @@ import socket
 import string
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -959,11 +958,8 @@ def run(args: BenchArgs) -> dict[str, object]:
     version = rsyslog_version_line(
         subprocess.run([rsyslogd, "-v"], capture_output=True, text=True, check=True).stdout
     )
-    parent = args.scratch_parent
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
     # Short: a unix socket path holds at most 107 bytes.
-    scratch = Path(tempfile.mkdtemp(prefix="es-logship-", dir=parent))
+    scratch = args.make_scratch("es-logship-")
     fs_type = filesystem_type(scratch)
     library_dir = bundled_librdkafka(scratch / "lib")
     facts: dict[str, object] = {

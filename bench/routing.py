@@ -25,12 +25,10 @@ from __future__ import annotations
 import random
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
 
 from _common import (
     BenchArgs,
@@ -224,7 +222,7 @@ def run(args: BenchArgs) -> dict[str, object]:
         f"in {facts['regex_compile_ms']} ms; {facts['targets_per_key_mean']} topics per key"
     )
 
-    spool_dir = Path(tempfile.mkdtemp(prefix="bench-routing-", dir=args.scratch_parent))
+    spool_dir = args.make_scratch("bench-routing-")
     facts["filesystem"] = filesystem_type(spool_dir)
     one_target = [key for key, found in zip(sample, targets, strict=True) if len(found) == 1]
     value = bytes(PAYLOAD_BYTES)

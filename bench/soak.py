@@ -548,11 +548,8 @@ def spool_disk(scratch: Path) -> Iterator[tuple[SmallDisk | None, Path, str | No
 
 def run(args: BenchArgs, duration_s: float, seed: int) -> Outcome:
     rng = random.Random(seed)
-    parent = args.scratch_parent
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
     layout = Layout(
-        Path(tempfile.mkdtemp(prefix="eventspool-soak-", dir=parent)),
+        args.make_scratch("eventspool-soak-"),
         # A unix socket path has at most 107 bytes: keep it short, whatever --dir is.
         Path(tempfile.mkdtemp(prefix="es-soak-")) / "agent.sock",
     )

@@ -27,12 +27,10 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import confluent_kafka
@@ -134,7 +132,7 @@ def read_anchor(bootstrap: str, topic: str, records: int) -> tuple[int, float]:
 def run(args: BenchArgs) -> dict[str, object]:
     records_arg: int | None = args.namespace.records
     records = records_arg or (QUICK_RECORDS if args.quick else FULL_RECORDS)
-    scratch = Path(tempfile.mkdtemp(prefix="eventspool-bench-spark-", dir=args.scratch_parent))
+    scratch = args.make_scratch("eventspool-bench-spark-")
     load_start = load_average_1m()
     rates: dict[str, list[float]] = {"ours": [], "anchor": [], "tuple": []}
     try:

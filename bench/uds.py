@@ -38,7 +38,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -457,10 +456,7 @@ def run(args: BenchArgs) -> dict[str, object]:
     value = payload()
     runs = Runs()
     facts: dict[str, object] = {"load_average_1m_start": load_average_1m()}
-    parent = args.scratch_parent
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="eventspool-uds-", dir=parent))
+    scratch = args.make_scratch("eventspool-uds-")
     fs_type = filesystem_type(scratch)
     progress(
         f"profile {'quick' if args.quick else 'full'}: {args.repeats} repetitions, passes of "
