@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,12 @@ def ratio_overview(figures: Sequence[Figure], path: Path) -> None:
     shown = [figure for figure in figures if figure.ratio is not None and figure.ratio > 0]
     height = max(2.5, 0.38 * len(shown) + 1.2)
     fig, axes = plt.subplots(figsize=(9, height))
-    labels = [f"{figure.script}: {figure.title}" for figure in shown]
+    repeated = Counter((figure.script, figure.title) for figure in shown)
+    labels = [
+        f"{figure.script}: {figure.title}"
+        + (f" (vs {figure.anchor_is})" if repeated[(figure.script, figure.title)] > 1 else "")
+        for figure in shown
+    ]
     ratios = [float(figure.ratio or 0.0) for figure in shown]
     colours = [AHEAD_COLOUR if ratio >= 1.0 else BEHIND_COLOUR for ratio in ratios]
     positions = range(len(shown))
@@ -42,7 +48,7 @@ def ratio_overview(figures: Sequence[Figure], path: Path) -> None:
     axes.axvline(1.0, color="black", linewidth=1)
     for position, ratio in zip(positions, ratios, strict=True):
         axes.annotate(
-            f"{ratio:.3g}",
+            _short(ratio),
             (ratio, position),
             xytext=(3, 0),
             textcoords="offset points",
@@ -50,7 +56,7 @@ def ratio_overview(figures: Sequence[Figure], path: Path) -> None:
             fontsize=8,
         )
     axes.set_xlabel("ratio: above 1 eventspool is ahead of its anchor (log scale)")
-    axes.set_title("Every figure against its anchor, same run, same machine")
+    axes.set_title("Every figure against its anchor, same run, same machine", fontsize=10)
     _save(fig, path)
 
 

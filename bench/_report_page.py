@@ -135,7 +135,7 @@ def _figure_table(figures: Iterable[Figure], *, with_script: bool) -> list[str]:
             figure.anchor_is or "-",
             format_number(figure.ours),
             format_number(figure.anchor),
-            "-" if figure.ratio is None else f"**{figure.ratio:.3g}**",
+            "-" if figure.ratio is None else f"**{format_number(figure.ratio)}**",
             figure.unit + ("" if figure.higher_is_better else ", lower is better"),
         ]
         if with_script:

@@ -47,13 +47,14 @@ def test_the_soak_gets_a_duration_and_the_others_quick() -> None:
 
 
 def test_numbers_are_readable() -> None:
-    assert [format_number(v) for v in (0, 3, 0.12345, 12.5, 1234.5, 2_084_735)] == [
+    assert [format_number(v) for v in (0, 3, 0.12345, 12.5, 1234.5, 2_084_735, 18792.0)] == [
         "0",
         "3",
         "0.123",
         "12.5",
         "1,234",
         "2,084,735",
+        "18,792",
     ]
 
 
