@@ -2,8 +2,12 @@
 
 A bench script's result is one JSON object whose first keys are its headline figure
 ("figure", "ours", "anchor", "ratio"); it may list further figures under "figures", each
-an object with the same four keys plus "unit", "higher_is_better" and optionally "title"
-and "anchor_is". The ratio is always oriented so that above 1 means eventspool is ahead.
+an object with the same four keys plus "unit", "higher_is_better" and optionally "title",
+"anchor_is", "tolerance" (how far a rerun may move this ratio, for a figure noisier than
+the default band) and "random_anchor" (true for a count the anchor reaches by chance,
+such as events lost where a random SIGKILL lands: a rerun must then give our own value
+again and keep the ratio on the same side of 1). The ratio is always oriented so that
+above 1 means eventspool is ahead.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class Figure:
     higher_is_better: bool
     title: str
     anchor_is: str
+    tolerance: float | None = None
+    random_anchor: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -57,6 +63,8 @@ def _figure(script: str, item: JsonObject) -> Figure:
         higher_is_better=bool(item.get("higher_is_better", True)),
         title=str(item.get("title", "")) or str(item["figure"]).replace("_", " "),
         anchor_is=str(item.get("anchor_is", "")),
+        tolerance=None if item.get("tolerance") is None else float(item["tolerance"]),
+        random_anchor=bool(item.get("random_anchor", False)),
     )
 
 
@@ -80,16 +88,30 @@ class Comparison:
         """Whether the fresh ratio lies within the tolerance band around the published one.
 
         The band is multiplicative (ratio x (1 + tolerance) and / (1 + tolerance)), so a
-        ratio of 0.5 and one of 2 are judged alike.
+        ratio of 0.5 and one of 2 are judged alike. The fresh run's script says which
+        figures are noisier than the band, or reached by chance (see the module docstring).
         """
         if self.fresh is None:
             return False
+        if self.fresh.random_anchor:
+            published, fresh = self.published.ratio, self.fresh.ratio
+            same_side = (
+                published is not None and fresh is not None and (published > 1) == (fresh > 1)
+            )
+            return self.fresh.ours == self.published.ours and same_side
         if self.published.ratio is None or self.fresh.ratio is None:
             return self.published.ratio is None and self.fresh.ratio is None
         change = self.change
         if change is None:
             return self.fresh.ratio == self.published.ratio
-        return 1.0 / (1.0 + self.tolerance) <= change <= 1.0 + self.tolerance
+        band = self.band
+        return 1.0 / (1.0 + band) <= change <= 1.0 + band
+
+    @property
+    def band(self) -> float:
+        """The tolerance that applies: the figure's own, when its script declares one."""
+        declared = None if self.fresh is None else self.fresh.tolerance
+        return self.tolerance if declared is None else max(declared, self.tolerance)
 
 
 def compare(published: list[Figure], fresh: list[Figure], tolerance: float) -> Iterator[Comparison]:

@@ -54,8 +54,11 @@ def render(store: Mapping[str, Any], bench_dir: Path) -> str:
         "",
         f"- Regenerate this page, its plots and `benchmarks.json`: `{store['command']}`",
         f"  ({_minutes(store['elapsed_s'])} for this run{_soak_note(store)}).",
-        "- Check that a fresh run reproduces these ratios: `make report-check` (reruns every",
-        "  bench and compares each ratio with this page's, within a tolerance band).",
+        "- Check that a fresh run reproduces these ratios: `make report-check` reruns every",
+        "  bench (the soak for 2 minutes) and compares each ratio with this page's, within",
+        "  x/÷1.25 or the wider band a noisy figure declares; for a count the anchor reaches",
+        "  by chance (events lost where a random SIGKILL lands) our own value must come again",
+        "  and the ratio must stay on the same side of 1.",
         f"- Measured {store['generated_at']} at revision `{store['revision']}`"
         f"{' with `--quick` runs' if store.get('quick') else ''}.",
         f"- Machine: {_machine(store['machine'])}.",

@@ -172,12 +172,15 @@ def check(store: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], tolerance
             c.published.ratio,
             None if c.fresh is None else c.fresh.ratio,
             None if c.change is None else f"{c.change:.2f}x",
+            "ours same, same side of 1"
+            if c.fresh is not None and c.fresh.random_anchor
+            else f"x/÷{1 + c.band:.2f}",
             "ok" if c.within else "OUTSIDE",
         ]
         for c in comparisons
     ]
     print(
-        format_table(["figure", "published", "fresh", "change", f"within {tolerance:.0%}"], rows),
+        format_table(["figure", "published", "fresh", "change", "required", "verdict"], rows),
         file=sys.stderr,
     )
     outside = [c for c in comparisons if not c.within]

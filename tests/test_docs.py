@@ -1,4 +1,5 @@
-"""docs/semantics.md cites a test for each guarantee: every citation must name a real test."""
+"""The documents' proofs must not rot: docs/semantics.md cites a real test for each
+guarantee, and the README's figures are sections of the benchmark report."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SEMANTICS = REPO / "docs" / "semantics.md"
+README = REPO / "README.md"
+REPORT = REPO / "docs" / "benchmarks.md"
+REPORT_LINK = re.compile(r"\]\((?:docs/)?benchmarks\.md#([\w-]+)\)")
+SEMANTICS_LINK = re.compile(r"\]\(docs/semantics\.md#([\w-]+)\)")
 CITATION = re.compile(r"(tests/[\w/]+\.py)::(\w+)")
 LINK = re.compile(r"\[(tests/[\w/]+\.py)::\w+\]\(([^)]*)\)")
 
@@ -46,3 +51,26 @@ def test_every_citation_links_to_its_file() -> None:
     assert len(links) == len(CITATION.findall(text)), "a citation is not a link"
     wrong = [(cited, target) for cited, target in links if target != f"../{cited}"]
     assert not wrong, f"links that do not lead to the cited file: {wrong}"
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces as -."""
+    headings = re.findall(r"^#+ (.+)$", markdown, flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in headings}
+
+
+def test_the_readme_links_figures_that_the_report_has() -> None:
+    readme = README.read_text()
+    cited = set(REPORT_LINK.findall(readme))
+    assert len(cited) >= 6, "the README's links to the report are no longer found"
+    missing = cited - heading_anchors(REPORT.read_text())
+    assert not missing, f"the README links report sections that do not exist: {missing}"
+    bench_scripts = {path.stem for path in (REPO / "bench").glob("[!_]*.py")} - {"report"}
+    assert bench_scripts <= heading_anchors(REPORT.read_text()), "a bench is not reported"
+
+
+def test_the_readme_links_guarantees_that_semantics_has() -> None:
+    cited = set(SEMANTICS_LINK.findall(README.read_text()))
+    assert cited, "the README's links to docs/semantics.md are no longer found"
+    missing = cited - heading_anchors(SEMANTICS.read_text())
+    assert not missing, f"the README links sections of semantics.md that do not exist: {missing}"

@@ -80,3 +80,33 @@ def test_compare_pairs_by_script_and_name() -> None:
     ]
     with pytest.raises(ValueError, match="tolerance"):
         list(compare(published, fresh, -0.1))
+
+
+def test_a_figure_reached_by_chance_must_keep_our_value_and_its_side() -> None:
+    def lost(ours: float, anchor: float) -> Figure:
+        return Figure(
+            "soak",
+            "lost",
+            ours,
+            anchor,
+            (anchor + 1) / (ours + 1),
+            "",
+            False,
+            "",
+            "",
+            random_anchor=True,
+        )
+
+    assert Comparison(lost(0, 18_791), lost(0, 4), 0.25).within
+    assert not Comparison(lost(0, 18_791), lost(1, 4), 0.25).within
+    assert not Comparison(lost(0, 18_791), lost(0, 0), 0.25).within  # ratio 1: not ahead
+
+
+def test_a_noisy_figure_declares_a_wider_band_and_never_a_narrower_one() -> None:
+    noisy = Figure("kill_loss", "rate", 1.0, 1.0, 0.9, "", True, "", "", tolerance=0.6)
+    assert Comparison(figure(1.4), noisy, 0.25).within
+    assert Comparison(figure(1.4), noisy, 0.25).band == 0.6
+    narrow = Figure("e2e", "rate", 1.0, 1.0, 1.3, "", True, "", "", tolerance=0.1)
+    assert Comparison(figure(1.1), narrow, 0.25).within
+    parsed = figures_of("x", result(tolerance=0.6, random_anchor=True))[0]
+    assert parsed.tolerance == 0.6 and parsed.random_anchor
