@@ -12,15 +12,9 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -29,6 +23,7 @@ from eventspool.spool.api import Spool
 from eventspool.testing.agent import AgentProcess
 from eventspool.verify import consume_event_ids
 from tests.fault import test_agent_kill as agent_kill
+from tests.fault.children import run_and_kill
 from tests.fault.routing_child import EXCHANGE, PARTITIONS
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
@@ -36,67 +31,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.fault]
 # pytest finds fixtures by module attribute: this brings the kill test's short socket dir.
 short_dir = agent_kill.short_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 RecordProperty = Callable[[str, object], None]
 TOPICS = 3
 SPOOL_KILL_CYCLES = 8
 CHILD_RATE = 3000  # events per second; each is written three times
 AGENT_KILL_CYCLES = 5
 AGENT_CLIENTS = 2
-READY_TIMEOUT_S = 60.0
 CONSUME_TIMEOUT_S = 120.0
-
-
-class _LineReader(threading.Thread):
-    """Drains the child's stdout so it never blocks on a full pipe; keeps complete lines."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        super().__init__(daemon=True)
-        self._stream = stream
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-
-    def run(self) -> None:
-        for raw in self._stream:
-            if not raw.endswith(b"\n"):
-                break  # a line cut by the kill reports nothing
-            self.lines.append(raw.decode().strip())
-            self.ready.set()
-        self.ready.set()
-
-
-@dataclass
-class _Report:
-    backlog_at_start: int
-    event_ids: list[str]
-
-
-def _publish_and_kill(args: list[str], stderr_path: Path, rng: random.Random) -> _Report:
-    """Start a publishing child, SIGKILL it 0.2-1.2 s after it is ready, return what it said."""
-    with stderr_path.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fault.routing_child", *args],
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-        )
-    assert proc.stdout is not None
-    reader = _LineReader(proc.stdout)
-    reader.start()
-    try:
-        assert reader.ready.wait(READY_TIMEOUT_S), "publishing child never became ready"
-        time.sleep(rng.uniform(0.2, 1.2))
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        reader.join(10)
-        proc.stdout.close()
-    errors = stderr_path.read_text(errors="replace")
-    assert proc.returncode == -signal.SIGKILL, f"publishing child died on its own: {errors}"
-    assert reader.lines and reader.lines[0].startswith("R "), f"no ready line: {errors}"
-    return _Report(int(reader.lines[0].split()[1]), reader.lines[1:])
 
 
 def _missing_per_topic(
@@ -132,10 +73,10 @@ def test_fanout_from_a_sigkilled_spool_reaches_every_topic(
             str(CHILD_RATE),
             str(rng.getrandbits(32)),
         ]
-        report = _publish_and_kill(args, tmp_path / f"child-{cycle}.stderr", rng)
-        assert report.event_ids, f"seed {seed}, cycle {cycle}: the child published nothing"
-        reported.extend(report.event_ids)
-        backlogs.append(report.backlog_at_start)
+        report = run_and_kill("tests.fault.routing_child", args, rng.uniform(0.2, 1.2))
+        assert report.lines, f"seed {seed}, cycle {cycle}: the child published nothing"
+        reported.extend(report.lines)
+        backlogs.append(report.start)
 
     with Spool(directory, broker.bootstrap_servers) as spool:  # adopted: drained, not routed
         final_backlog = spool.unacknowledged()

@@ -17,9 +17,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -27,7 +24,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
@@ -37,11 +33,11 @@ from eventspool.broker import LocalBroker, create_topic
 from eventspool.config import SenderSettings
 from eventspool.spool.api import Spool
 from eventspool.testing.broker import ProxiedBroker
+from tests.fault.children import run_and_kill
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 HOST = "127.0.0.1"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 RecordProperty = Callable[[str, object], None]
 
 
@@ -285,59 +281,6 @@ KILL_CYCLES = 10
 KILL_PARTITIONS = 3
 CHILD_MAX_IN_FLIGHT = 500
 CHILD_RATE = 5000.0
-READY_TIMEOUT_S = 60.0
-
-
-class _LineReader(threading.Thread):
-    """Drains the child's stdout so it never blocks on a full pipe; keeps complete lines."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        super().__init__(daemon=True)
-        self._stream = stream
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-
-    def run(self) -> None:
-        for raw in self._stream:
-            if not raw.endswith(b"\n"):
-                break  # a line cut by the kill reports nothing
-            self.lines.append(raw.decode().strip())
-            self.ready.set()
-        self.ready.set()
-
-
-@dataclass
-class _ChildReport:
-    backlog_at_start: int
-    event_ids: list[str]
-
-
-def _run_child_and_kill(args: list[str], stderr_path: Path, rng: random.Random) -> _ChildReport:
-    """Start a sending child, SIGKILL it 0.3-1.5 s after it is ready, return what it said."""
-    with stderr_path.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fault.sender_child", *args],
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-        )
-    assert proc.stdout is not None
-    reader = _LineReader(proc.stdout)
-    reader.start()
-    try:
-        assert reader.ready.wait(READY_TIMEOUT_S), "sender child never became ready"
-        time.sleep(rng.uniform(0.3, 1.5))
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        reader.join(10)
-        proc.stdout.close()
-    errors = stderr_path.read_text(errors="replace")
-    assert proc.returncode == -signal.SIGKILL, f"sender child died on its own: {errors}"
-    assert reader.lines and reader.lines[0].startswith("R "), f"no ready line: {errors}"
-    return _ChildReport(int(reader.lines[0].split()[1]), reader.lines[1:])
 
 
 def test_sigkilled_sender_loses_nothing_and_resends_at_most_its_in_flight_window(
@@ -363,10 +306,10 @@ def test_sigkilled_sender_loses_nothing_and_resends_at_most_its_in_flight_window
             str(CHILD_RATE),
             str(rng.getrandbits(32)),
         ]
-        report = _run_child_and_kill(args, tmp_path / f"child-{cycle}.stderr", rng)
-        assert report.event_ids, f"seed {seed}, cycle {cycle}: the child sent nothing"
-        reported.extend(report.event_ids)
-        backlogs.append(report.backlog_at_start)
+        report = run_and_kill("tests.fault.sender_child", args, rng.uniform(0.3, 1.5))
+        assert report.lines, f"seed {seed}, cycle {cycle}: the child sent nothing"
+        reported.extend(report.lines)
+        backlogs.append(report.start)
 
     with Spool(directory, broker.bootstrap_servers) as spool:
         final_backlog = spool.unacknowledged()

@@ -11,15 +11,9 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -27,6 +21,7 @@ from eventspool.envelope import decode
 from eventspool.spool.api import Spool
 from eventspool.spool.partitioner import partition_for_key
 from eventspool.spool.ring import RingQueue
+from tests.fault.children import run_and_kill
 from tests.fault.spool_writer import (
     RING_CAPACITY,
     SPOOL_PARTITIONS,
@@ -40,65 +35,8 @@ from tests.fault.spool_writer import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 RING_CYCLES = 50
 SPOOL_CYCLES = 12
-READY_TIMEOUT_S = 60.0
-
-
-class _LineReader(threading.Thread):
-    """Drains the child's stdout so it never blocks on a full pipe, keeping complete lines."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        super().__init__(daemon=True)
-        self._stream = stream
-        self.lines: list[list[str]] = []
-        self.ready = threading.Event()
-
-    def run(self) -> None:
-        for raw in self._stream:
-            if not raw.endswith(b"\n"):
-                break  # a line cut by the kill reports nothing
-            self.lines.append(raw.decode().split())
-            self.ready.set()
-        self.ready.set()
-
-
-@dataclass
-class _Report:
-    """What a killed writer said before it died."""
-
-    start: int
-    lines: list[list[str]]
-    stderr: str
-
-
-def _run_and_kill(args: list[str], rng: random.Random) -> _Report:
-    """Start a writer, let it produce for 5-200 ms after it is ready, then SIGKILL it."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fault.spool_writer", *args],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    reader = _LineReader(proc.stdout)
-    reader.start()
-    try:
-        assert reader.ready.wait(READY_TIMEOUT_S), "writer never became ready"
-        time.sleep(rng.uniform(0.005, 0.2))
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        reader.join()
-        stderr = proc.stderr.read().decode(errors="replace")
-        proc.stdout.close()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL, f"writer died on its own: {stderr}"
-    assert reader.lines and reader.lines[0][0] == "R", f"no ready line; stderr: {stderr}"
-    return _Report(int(reader.lines[0][1]), reader.lines[1:], stderr)
 
 
 def test_ring_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
@@ -111,13 +49,17 @@ def test_ring_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
     appended_total = 0
     for cycle in range(RING_CYCLES):
         where = f"seed {seed}, cycle {cycle}"
-        report = _run_and_kill(["ring", str(path), str(rng.getrandbits(32))], rng)
+        report = run_and_kill(
+            "tests.fault.spool_writer",
+            ["ring", str(path), str(rng.getrandbits(32))],
+            rng.uniform(0.005, 0.2),
+        )
         assert report.start == next_seq, f"{where}: the writer found another queue end"
         done_ack = head - 1
         intent_ack = head - 1
         last_appended = report.start - 1
         for line in report.lines:
-            tag, *fields = line
+            tag, *fields = line.split()
             if tag == "A":
                 counter, seq = int(fields[0]), int(fields[1])
                 assert seq == counter == last_appended + 1, f"{where}: append order {line}"
@@ -204,8 +146,10 @@ def test_spool_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
     ledger = _Ledger()
     for cycle in range(SPOOL_CYCLES):
         where = f"seed {seed}, cycle {cycle}"
-        report = _run_and_kill(
-            ["spool", str(directory), str(ledger.next_counter), str(rng.getrandbits(32))], rng
+        report = run_and_kill(
+            "tests.fault.spool_writer",
+            ["spool", str(directory), str(ledger.next_counter), str(rng.getrandbits(32))],
+            rng.uniform(0.005, 0.2),
         )
         assert report.start == ledger.next_counter
         candidates = {p: list(ledger.queued[p]) for p in range(SPOOL_PARTITIONS)}
@@ -213,7 +157,7 @@ def test_spool_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
         intent_ack: dict[int, int] = defaultdict(lambda: -1)
         last_sent = report.start - 1
         for line in report.lines:
-            tag, first_field, second_field = line
+            tag, first_field, second_field = line.split()
             if tag == "S":
                 counter = int(first_field)
                 assert counter == last_sent + 1, f"{where}: send order {line}"

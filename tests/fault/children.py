@@ -1,0 +1,77 @@
+"""Child processes the fault tests SIGKILL at a random moment, and what they said first.
+
+A child prints "R <start>" once it is ready, then one line per acknowledged action. A
+line cut by the kill is dropped: only complete lines count as said.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 60.0
+
+
+class LineReader(threading.Thread):
+    """Drains a child's stdout so it never blocks on a full pipe; keeps complete lines."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        super().__init__(daemon=True)
+        self._stream = stream
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        for raw in self._stream:
+            if not raw.endswith(b"\n"):
+                break  # a line cut by the kill reports nothing
+            self.lines.append(raw.decode().strip())
+            self.ready.set()
+        self.ready.set()
+
+
+@dataclass(frozen=True, slots=True)
+class KilledChild:
+    """What a SIGKILLed child said: the number on its ready line, the lines after it."""
+
+    start: int
+    lines: list[str]
+    stderr: str
+
+
+def run_and_kill(module: str, args: list[str], delay_s: float) -> KilledChild:
+    """Run `python -m module args`, SIGKILL it `delay_s` after its ready line."""
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+        assert proc.stdout is not None
+        reader = LineReader(proc.stdout)
+        reader.start()
+        try:
+            assert reader.ready.wait(READY_TIMEOUT_S), f"{module} never became ready"
+            time.sleep(delay_s)
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            reader.join(10)
+            proc.stdout.close()
+        stderr.seek(0)
+        errors = stderr.read().decode(errors="replace")
+    assert proc.returncode == -signal.SIGKILL, f"{module} died on its own: {errors}"
+    assert reader.lines and reader.lines[0].startswith("R "), f"no ready line: {errors}"
+    return KilledChild(int(reader.lines[0].split()[1]), reader.lines[1:], errors)
