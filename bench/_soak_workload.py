@@ -27,6 +27,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -176,7 +177,12 @@ class Tally:
 
     def write(self, path: Path, **extra: object) -> None:
         self.ledger.close()
-        summary = {"acked": self.acked, "refused": dict(self.refused), "examples": self.examples}
+        # The result is published: no temporary path of this run's machine in it.
+        examples = {
+            reason: re.sub(r"/\S*/agent\.sock", "agent.sock", message)
+            for reason, message in self.examples.items()
+        }
+        summary = {"acked": self.acked, "refused": dict(self.refused), "examples": examples}
         path.write_text(json.dumps({**summary, **extra}))
 
 
