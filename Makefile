@@ -7,7 +7,14 @@ PYTEST_ARGS ?=
 
 .PHONY: run test lint unit slow bench report report-check clean java rsyslog
 
-$(STAMP): pyproject.toml
+# The compiled core (src/eventspool/_core) is built by the package's own install.
+CORE_SOURCES := setup.py $(wildcard src/eventspool/_core/*.pyx src/eventspool/_core/*.pxi src/eventspool/_core/*.h)
+
+$(STAMP): pyproject.toml $(CORE_SOURCES)
+	@command -v $${CC:-cc} >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || { \
+		echo "eventspool compiles its core with a C compiler and none was found: install one (apt-get install gcc)" >&2; exit 1; }
+	@$(PYTHON) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' || { \
+		echo "eventspool compiles its core against the Python headers and $(PYTHON) has none: install them (apt-get install python3-dev)" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
@@ -60,3 +67,4 @@ report-check: $(STAMP) java rsyslog
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -f src/eventspool/_core/*.c src/eventspool/_core/*.so

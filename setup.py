@@ -1,0 +1,23 @@
+"""Builds the compiled core, eventspool._core.native, with this machine's C compiler.
+
+Everything else about the package is in pyproject.toml; setuptools reads this file only
+for the extension module, which pyproject.toml cannot declare with Cython sources.
+"""
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+CORE = Extension(
+    "eventspool._core.native",
+    sources=["src/eventspool/_core/native.pyx"],
+    depends=[
+        "src/eventspool/_core/bytes_util.h",
+        "src/eventspool/_core/envelope.pxi",
+        "src/eventspool/_core/ids.pxi",
+        "src/eventspool/_core/ring.pxi",
+        "src/eventspool/_core/route.pxi",
+    ],
+    extra_compile_args=["-O2", "-Wno-unused-function"],
+)
+
+setup(ext_modules=cythonize([CORE], language_level=3))

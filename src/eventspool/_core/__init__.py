@@ -1,0 +1,1 @@
+"""The compiled core of eventspool: see native.pyx."""

@@ -1,0 +1,122 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, freethreading_compatible=False
+"""The compiled core: the byte work of every hot path, one implementation.
+
+The Python modules above it keep policy: configuration, errors and their wording,
+retries, routing decisions and metrics. What is here frames records into the ring files
+(ring.pxi), builds and parses envelopes (envelope.pxi), makes event ids (ids.pxi),
+hashes keys and picks partitions (route.pxi). The formats are written out at the top of
+eventspool/spool/ring.py and eventspool/envelope.py; the golden-bytes tests check this
+code against them, not against itself.
+
+Locking: a ring's lock is a PyThread lock. A thread holding the interpreter lock only
+ever try-locks it, and waits for it with the interpreter lock released, so a ring
+holder that copies a large event without the interpreter lock can never deadlock with
+a thread that holds the interpreter lock and wants the ring.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.pythread cimport (
+    NOWAIT_LOCK,
+    WAIT_LOCK,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memset
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+
+
+cdef extern from "bytes_util.h":
+    void es_crc_init() nogil
+    int es_crc_hardware
+    uint32_t es_crc32c(uint32_t crc, const void *data, size_t n) nogil
+    uint32_t es_crc32c_portable(uint32_t crc, const void *data, size_t n) nogil
+    int32_t es_murmur2(const void *data, size_t n) nogil
+    void es_put_u16(char *p, uint16_t v) nogil
+    void es_put_u32(char *p, uint32_t v) nogil
+    void es_put_u64(char *p, uint64_t v) nogil
+    uint16_t es_get_u16(const char *p) nogil
+    uint32_t es_get_u32(const char *p) nogil
+    uint64_t es_get_u64(const char *p) nogil
+    void es_publish_u32(char *p, uint32_t v) nogil
+
+
+es_crc_init()
+
+# Copies and checksums from this size on run without the interpreter lock, so other
+# threads go on while a large event is written; below it the hand-off costs more.
+cdef enum:
+    NOGIL_BYTES = 65536
+
+
+cdef inline int64_t _wall_ms() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
+
+
+cdef inline const char *_bytes_or_null(object data, Py_ssize_t *length):
+    if data is None:
+        length[0] = -1
+        return NULL
+    length[0] = PyBytes_GET_SIZE(data)
+    return PyBytes_AS_STRING(data)
+
+
+def crc32c(data, unsigned int value=0) -> int:
+    """CRC-32C of any bytes-like object, continuing from `value`."""
+    cdef Py_buffer view
+    cdef uint32_t crc
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        if view.len >= NOGIL_BYTES:
+            with nogil:
+                crc = es_crc32c(value, view.buf, view.len)
+        else:
+            crc = es_crc32c(value, view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return crc
+
+
+def crc32c_portable(data, unsigned int value=0) -> int:
+    """The table-driven CRC-32C that runs where the CPU has no crc32 instruction."""
+    cdef Py_buffer view
+    cdef uint32_t crc
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        crc = es_crc32c_portable(value, view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return crc
+
+
+def crc32c_hardware() -> bool:
+    """Whether CRC-32C runs on the CPU's own instruction here."""
+    return es_crc_hardware != 0
+
+
+def murmur2(const unsigned char[::1] data) -> int:
+    """Kafka's `Utils.murmur2` as a signed 32-bit int; the sign matters to other clients."""
+    if data.shape[0] == 0:
+        return es_murmur2(b"", 0)
+    return es_murmur2(&data[0], data.shape[0])
+
+
+def partition_for_key(bytes key not None, int partition_count) -> int:
+    """`toPositive(murmur2(key)) % partition_count`: Kafka's default partitioner."""
+    if partition_count < 1:
+        raise ValueError(f"partition_count must be at least 1, got {partition_count}")
+    return (es_murmur2(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)) & 0x7FFFFFFF) % partition_count
+
+
+include "envelope.pxi"
+include "ids.pxi"
+include "ring.pxi"
+include "route.pxi"
