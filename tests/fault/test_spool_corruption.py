@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from eventspool._core.native import crc32c
 from eventspool.config import QueueSettings, SpoolSettings
 from eventspool.envelope import decode
 from eventspool.errors import CorruptQueueError, QueueFileError

@@ -14,9 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventspool.spool import partitioner
 from eventspool.spool.partitioner import (
-    KEY_CACHE_MAX_ENTRIES,
     StickyPartitioner,
     murmur2,
     partition_for_key,
@@ -125,7 +123,6 @@ def test_partition_for_key_is_kafka_default_partitioner(
     # BuiltInPartitioner.partitionForKey: toPositive(murmur2(key)) % numPartitions.
     expected = (signed_hash & 0x7FFFFFFF) % partition_count
     assert partition_for_key(key, partition_count) == expected
-    assert partition_for_key(key, partition_count) == expected  # served from the memo
 
 
 def test_partition_for_key_spot_values() -> None:
@@ -184,30 +181,6 @@ def test_partition_for_key_in_range_and_deterministic(key: bytes, partition_coun
     assert 0 <= first < partition_count
     assert partition_for_key(key, partition_count) == first
     assert partition_for_key(bytes(key), partition_count) == first  # equal, not identical
-
-
-@given(st.binary(max_size=64), st.integers(min_value=1, max_value=100_000))
-def test_memo_agrees_with_uncached_hash(key: bytes, partition_count: int) -> None:
-    uncached = to_positive(murmur2(key)) % partition_count
-    partitioner._key_hash_cache.pop(key, None)
-    assert partition_for_key(key, partition_count) == uncached  # miss
-    assert partition_for_key(key, partition_count) == uncached  # hit
-
-
-def test_memo_stays_bounded_and_correct_after_clearing(monkeypatch: pytest.MonkeyPatch) -> None:
-    # An empty memo: keys cached by earlier tests in this process would be hits, and a hit
-    # never trims the memo.
-    monkeypatch.setattr(partitioner, "_key_hash_cache", {})
-    monkeypatch.setattr(partitioner, "KEY_CACHE_MAX_ENTRIES", 8)
-    keys = [f"user-{i}".encode() for i in range(50)]
-    for _ in range(3):
-        for key in keys:
-            assert partition_for_key(key, 12) == to_positive(murmur2(key)) % 12
-            assert len(partitioner._key_hash_cache) <= 8
-
-
-def test_memo_default_bound() -> None:
-    assert KEY_CACHE_MAX_ENTRIES == 65536
 
 
 # --- StickyPartitioner -------------------------------------------------------

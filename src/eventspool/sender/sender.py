@@ -25,19 +25,24 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from eventspool.clock import Clock
 from eventspool.config import KafkaConfigValue, SenderSettings
-from eventspool.envelope import decode_for_kafka
 from eventspool.sender.deadletter import DeadLetter, DeadLetterFile
 from eventspool.sender.errors import is_permanent
 from eventspool.sender.metadata import MetadataClient
 from eventspool.sender.tracking import AckTracker
 from eventspool.spool.registry import QueueRef, QueueRegistry
-from eventspool.spool.ring import Record, RingQueue
+from eventspool.spool.ring import RingQueue
 
 log = logging.getLogger(__name__)
 
 _IDLE_POLL_S = 0.01
 _UNKNOWN_TOPIC_RETRY_S = 1.0
 _ENVELOPE_OVERHEAD = 4096
+_READ_BATCH_BYTES = 1 << 20
+
+# (sequence, key, value, create time ms, headers); headers None: undecodable payload.
+KafkaRecord = tuple[
+    int, bytes | None, bytes | None, int, list[tuple[str, str | bytes | None]] | None
+]
 
 
 @dataclass(eq=False, slots=True)
@@ -183,32 +188,59 @@ class Sender:
             room = self._settings.max_in_flight_per_queue - state.tracker.in_flight
             if room <= 0 or not ref.ring.unread:
                 continue
-            batch = ref.ring.read_batch(min(room, self._settings.read_batch_records))
-            for record in batch:
-                self._produce(state, record)
+            batch = ref.ring.core.read_for_kafka(
+                min(room, self._settings.read_batch_records), _READ_BATCH_BYTES
+            )
+            self._produce_batch(state, batch)
             produced += len(batch)
         return produced
 
-    def _produce(self, state: _QueueState, record: Record) -> None:
-        try:
-            event_id, create_ms, key, value, extra_headers = decode_for_kafka(record.payload)
-        except ValueError as exc:
-            # No Kafka message can be made of it: keep the record as it is, with the reason.
-            state.tracker.sent(record.seq)
-            self._dead_letter(
-                state,
-                error_code="UNDECODABLE",
-                reason=f"undecodable envelope: {exc}",
-                event_id=None,
-                key=None,
-                value=record.payload,
-            )
-            self._settled(state, record.seq)
-            return
-        headers: list[tuple[str, str | bytes | None]] = [("event_id", event_id)]
-        if extra_headers:
-            headers.extend(extra_headers)
-        state.tracker.sent(record.seq)
+    def _produce_batch(self, state: _QueueState, batch: list[KafkaRecord]) -> None:
+        """Hand one batch of a queue to librdkafka, in order.
+
+        Records come out of the ring already decoded, with their `event_id` header first
+        (RingCore.read_for_kafka). A record with no headers is one whose envelope could not
+        be parsed: no Kafka message can be made of it, so it is dead-lettered as it is.
+        """
+        produce = self._producer.produce
+        topic = state.ref.topic
+        partition = state.partition
+        tracker = state.tracker
+        in_flight = state.in_flight
+        for record in batch:
+            seq, key, value, timestamp, headers = record
+            if headers is None:
+                self._undecodable(state, seq, value)
+                continue
+            tracker.sent(seq)
+            try:
+                produce(
+                    topic, value, key, partition=partition, timestamp=timestamp, headers=headers
+                )
+            except (BufferError, KafkaException):
+                if not self._produce_retrying(state, record):
+                    continue
+            in_flight.append(seq)
+
+    def _undecodable(self, state: _QueueState, seq: int, payload: bytes | None) -> None:
+        state.tracker.sent(seq)
+        self._dead_letter(
+            state,
+            error_code="UNDECODABLE",
+            reason="undecodable envelope",
+            event_id=None,
+            key=None,
+            value=payload,
+        )
+        self._settled(state, seq)
+
+    def _produce_retrying(self, state: _QueueState, record: KafkaRecord) -> bool:
+        """produce() after it raised: wait out a full librdkafka queue, settle errors.
+
+        True once the record is queued; False when it failed for good (dead-lettered) or
+        transiently (the queue is rewound once its in-flight records settle).
+        """
+        seq, key, value, timestamp, headers = record
         while True:
             try:
                 self._producer.produce(
@@ -216,11 +248,10 @@ class Sender:
                     value,
                     key,
                     partition=state.partition,
-                    timestamp=create_ms,
+                    timestamp=timestamp,
                     headers=headers,
                 )
-                state.in_flight.append(record.seq)
-                return
+                return True
             except BufferError:
                 self._producer.poll(0.05)
                 self._apply_acks()
@@ -229,19 +260,20 @@ class Sender:
                 if not isinstance(error, KafkaError):
                     raise
                 if is_permanent(error):
+                    raw_id = headers[0][1] if headers else None
                     self._dead_letter(
                         state,
                         error_code=error.name(),
                         reason=error.str(),
-                        event_id=event_id.decode(),
+                        event_id=_as_text(raw_id),
                         key=key,
                         value=value,
                     )
-                    self._settled(state, record.seq)
+                    self._settled(state, seq)
                 else:
                     self.counters.last_error = str(error)
                     state.tracker.failed_transiently()
-                return
+                return False
 
     def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
         """Serve one delivery report; reports of a partition come in produce order."""
@@ -253,8 +285,7 @@ class Sender:
             state.backoff_s = 0.0
             return
         if is_permanent(error):
-            raw_id = dict(message.headers() or []).get("event_id")
-            event_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+            event_id = _as_text(dict(message.headers() or []).get("event_id"))
             key, value = message.key(), message.value()
             self._dead_letter(
                 state,
@@ -336,3 +367,7 @@ class Sender:
 
 def _as_bytes(data: str | bytes | None) -> bytes | None:
     return data.encode() if isinstance(data, str) else data
+
+
+def _as_text(data: str | bytes | None) -> str | None:
+    return data.decode() if isinstance(data, bytes) else data

@@ -71,13 +71,13 @@ class Spool:
         self._clock = clock
         self.directory.mkdir(parents=True, exist_ok=True)
         self._owner = OwnerLock(self.directory)
+        self._ids = EventIdGenerator(clock)
         try:
             self._exchanges = ExchangeTable(self.directory, exchanges)
-            self._registry = QueueRegistry(self.directory, self.settings, clock)
+            self._registry = QueueRegistry(self.directory, self.settings, clock, self._ids)
         except BaseException:
             self._owner.release()
             raise
-        self._ids = EventIdGenerator(clock)
         self._topics: dict[str | None, TopicQueues] = {}
         self._closed = False
         self.sender: Sender | None = None
@@ -127,13 +127,31 @@ class Spool:
             raise _bad_value(value, "topic", topic)
         if key is not None and type(key) is not bytes:
             key = _text_key(key, "topic", topic)
+        if headers is None:
+            event_id = queues.route.send(key, value)
+            if event_id is not None:
+                return event_id
+        return self._send_slow(queues, key, value, headers)
+
+    def _send_slow(
+        self,
+        queues: TopicQueues,
+        key: bytes | None,
+        value: bytes | None,
+        headers: HeadersInput | None,
+    ) -> str:
+        """Everything the compiled send leaves to Python: headers, policies and errors.
+
+        A pending topic, a ring not opened yet, a full, busy, closed or fsync ring and an
+        event over the limit all come here, where the ring's policy applies.
+        """
         header_list = None if headers is None else normalize_headers(headers)
         now = self._clock.now_ms()
         event_id = self._ids.next_id(now)
         payload = encode(event_id.encode(), now, key, value, header_list)
         if len(payload) > self.settings.max_event_bytes:
             raise EventTooLargeError(
-                f"event for topic {topic!r} is {len(payload)} bytes, over the maximum of "
+                f"event for topic {queues.name!r} is {len(payload)} bytes, over the maximum of "
                 f"{self.settings.max_event_bytes} (max_event_bytes)"
             )
         queues.append(key, payload, now)

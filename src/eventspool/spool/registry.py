@@ -23,9 +23,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from eventspool._core.native import TopicRoute
 from eventspool.clock import Clock
 from eventspool.config import SpoolSettings
-from eventspool.envelope import decode
+from eventspool.envelope import EventIdGenerator, decode
 from eventspool.errors import QueueFileError
 from eventspool.spool.partitioner import StickyPartitioner, partition_for_key
 from eventspool.spool.ring import RingQueue, append_to_each
@@ -49,10 +50,12 @@ class QueueRef:
 class TopicQueues:
     """The rings of one topic.
 
-    Routing is lock-free for keyed events once the partition count is known; keyless
-    events take the topic lock for the sticky partitioner. While the count is unknown,
-    every send takes the topic lock, and moving the pending ring holds it throughout, so
-    no new event overtakes an older pending one of the same key.
+    `route` is the compiled routing state that `Spool.send()` writes through without
+    any lock: the partition count, reachable partitions, sticky partitioner and the
+    rings opened so far. Routing is lock-free for keyed events once the partition count
+    is known; while it is unknown, every send takes the topic lock, and moving the
+    pending ring holds it throughout, so no new event overtakes an older pending one of
+    the same key.
     """
 
     def __init__(
@@ -62,11 +65,31 @@ class TopicQueues:
         self.directory = directory
         self._registry = registry
         self.lock = threading.RLock()
-        self.partition_count = partition_count
         self.partitions: dict[int, RingQueue] = {}
         self.pending: RingQueue | None = None
-        self.available: frozenset[int] | None = None
-        self._sticky = StickyPartitioner(registry.settings.sticky_batch_bytes)
+        self.route = TopicRoute(
+            name,
+            partition_count,
+            StickyPartitioner(registry.settings.sticky_batch_bytes),
+            registry.ids,
+            registry.settings.max_event_bytes,
+        )
+
+    @property
+    def partition_count(self) -> int | None:
+        return self.route.partition_count
+
+    @partition_count.setter
+    def partition_count(self, count: int | None) -> None:
+        self.route.partition_count = count
+
+    @property
+    def available(self) -> frozenset[int] | None:
+        return self.route.available
+
+    @available.setter
+    def available(self, partitions: frozenset[int] | None) -> None:
+        self.route.available = partitions
 
     def partition_ring(self, partition: int) -> RingQueue:
         ring = self.partitions.get(partition)
@@ -78,6 +101,7 @@ class TopicQueues:
                         self.name, self.directory / f"{partition}{QUEUE_SUFFIX}"
                     )
                     self.partitions[partition] = ring
+                    self.route.set_ring(partition, ring.core)
         return ring
 
     def pending_ring(self) -> RingQueue:
@@ -86,19 +110,12 @@ class TopicQueues:
         return self.pending
 
     def append(self, key: bytes | None, payload: bytes, timestamp_ms: int) -> None:
-        count = self.partition_count
-        if count is None:
+        if self.partition_count is None:
             with self.lock:
                 if self.partition_count is None:
                     self.pending_ring().append(payload, timestamp_ms)
                     return
-                count = self.partition_count
-        if key is None:
-            with self.lock:
-                partition = self._sticky.partition(count, len(payload), self.available)
-        else:
-            partition = partition_for_key(key, count)
-        self.partition_ring(partition).append(payload, timestamp_ms)
+        self.partition_ring(self.route.choose(key, len(payload))).append(payload, timestamp_ms)
 
     def ring_for(self, key: bytes | None, size: int, held: ExitStack) -> RingQueue:
         """The ring `append` would pick, for a caller that writes to it under its own locks.
@@ -107,18 +124,11 @@ class TopicQueues:
         lock is entered into `held`, so the pending ring cannot be moved away before the
         caller has written to it.
         """
-        count = self.partition_count
-        if count is None:
+        if self.partition_count is None:
             held.enter_context(self.lock)
             if self.partition_count is None:
                 return self.pending_ring()
-            count = self.partition_count
-        if key is None:
-            with self.lock:
-                partition = self._sticky.partition(count, size, self.available)
-        else:
-            partition = partition_for_key(key, count)
-        return self.partition_ring(partition)
+        return self.partition_ring(self.route.choose(key, size))
 
     def refs(self) -> list[QueueRef]:
         with self.lock:
@@ -129,7 +139,8 @@ class TopicQueues:
 
     def close(self) -> None:
         with self.lock:
-            for ring in self.partitions.values():
+            for partition, ring in self.partitions.items():
+                self.route.set_ring(partition, None)
                 ring.close()
             if self.pending is not None:
                 self.pending.close()
@@ -138,10 +149,13 @@ class TopicQueues:
 class QueueRegistry:
     """Every ring of one spool directory; opening it recovers every ring found on disk."""
 
-    def __init__(self, directory: Path, settings: SpoolSettings, clock: Clock) -> None:
+    def __init__(
+        self, directory: Path, settings: SpoolSettings, clock: Clock, ids: EventIdGenerator
+    ) -> None:
         self.directory = directory
         self.settings = settings
         self.clock = clock
+        self.ids = ids
         self._lock = threading.Lock()
         self._topics: dict[str, TopicQueues] = {}
         self._counts: dict[str, int] = load_partition_counts(directory)

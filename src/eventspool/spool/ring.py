@@ -58,8 +58,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from crc32c import crc32c
-
+from eventspool._core.native import (
+    ACK_NOT_HANDED_OUT,
+    APPEND_BAD_LENGTH,
+    APPEND_CLOSED,
+    RingCore,
+    crc32c,
+)
 from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import Durability, FullPolicy, QueueSettings
 from eventspool.errors import (
@@ -80,18 +85,10 @@ PAGE = 4096
 _STATIC = struct.Struct("<8sIIQ")
 _STATIC_CRC_OFFSET = _STATIC.size
 _U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-_HINT_OFFSET = 32
 _SLOT = struct.Struct("<QQQQQQ")
 _SLOT_OFFSETS = (64, 128)
 _SLOT_CRC_OFFSET = _SLOT.size
-
-_FRAME_LENGTH = struct.Struct("<I")
-_FRAME_BODY = struct.Struct("<QQII")
-FRAME_HEADER_SIZE = 8 + _FRAME_BODY.size
-_FRAME_FULL = struct.Struct("<IIQQII")
-_PADDING_FLAG = 0x8000_0000
-_LENGTH_MASK = 0x7FFF_FFFF
+FRAME_HEADER_SIZE = 32
 
 
 def frame_size(payload_length: int) -> int:
@@ -134,21 +131,12 @@ class RingStats:
     skipped_total: int
 
 
-@dataclass(slots=True)
-class _Slot:
-    counter: int
-    head: int
-    head_seq: int
-    generation: int
-    dropped: int
-    skipped: int
-
-
 class _GroupCommit:
     """Shares one fdatasync among every writer waiting for durability.
 
     The first waiter syncs; writers arriving during that sync wait for the next one,
-    which then covers all of them.
+    which then covers all of them. `os.fdatasync` lets go of the interpreter lock, so
+    other writers go on meanwhile.
     """
 
     def __init__(self, fd: int) -> None:
@@ -185,6 +173,9 @@ class RingQueue:
     durability, written back). `read_batch` hands records out in order without removing
     them; `ack` removes them for good. After a crash, reopening yields every record that
     was appended and not acknowledged; records read but not acknowledged are read again.
+
+    The bytes are framed by the compiled core (`core`); this class keeps the policy:
+    what a full queue does, durability, and the errors callers see.
     """
 
     def __init__(
@@ -207,28 +198,22 @@ class RingQueue:
             raise CorruptQueueError(str(path), f"file is {size} bytes, too short for a queue")
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
         self._mm = mmap.mmap(fd, size, access=access)
-        self._capacity = self._read_static_header(size)
-        self._max_payload = min(max_payload, self._capacity // 4)
-        self._lock = threading.Lock()
-        self._space = threading.Condition(self._lock)
-        self._closed = False
+        capacity = self._read_static_header(size)
+        # Writers that wait for room under `block` sleep here; ack() wakes them.
+        self._space = threading.Condition()
         self._commit = _GroupCommit(fd) if settings.durability is Durability.FSYNC else None
-        slot = self._read_slot()
-        self._slot = slot
-        self._generation = slot.generation
-        self._head = slot.head
-        self._head_seq = slot.head_seq
-        self.recovery = self._scan(slot)
-        self._read = self._head
-        self._read_seq = self._head_seq
+        self.core = RingCore(
+            self._mm,
+            capacity,
+            self._read_slot(),
+            max_payload,
+            settings.full_policy is FullPolicy.DROP_OLDEST,
+            self._commit is None,
+            writable,
+        )
+        self.recovery = self._scan()
         if writable:
-            slot.generation += 1
-            self._generation = slot.generation
-            slot.skipped += self.recovery.skipped_records
-            if self.recovery.corrupt_tail:
-                self._scrub_free_space()
-            self._persist_head()
-            _U64.pack_into(self._mm, _HINT_OFFSET, self._next_seq)
+            self.core.start_writing(self.recovery.skipped_records, self.recovery.corrupt_tail)
 
     # ---- opening ---------------------------------------------------------------
 
@@ -278,87 +263,37 @@ class RingQueue:
             )
         return int(capacity)
 
-    def _read_slot(self) -> _Slot:
-        best: _Slot | None = None
+    def _read_slot(self) -> tuple[int, int, int, int, int, int]:
+        """The position slot with the higher counter of the two whose checksum holds."""
+        best: tuple[int, int, int, int, int, int] | None = None
         for offset in _SLOT_OFFSETS:
             fields = _SLOT.unpack_from(self._mm, offset)
             (stored,) = _U32.unpack_from(self._mm, offset + _SLOT_CRC_OFFSET)
             if stored != crc32c(self._mm[offset : offset + _SLOT.size]):
                 continue
-            slot = _Slot(*fields)
-            if best is None or slot.counter > best.counter:
-                best = slot
+            if best is None or fields[0] > best[0]:
+                best = fields
         if best is None:
             raise CorruptQueueError(
                 str(self.path), "both copies of the read position are damaged; refusing to reset"
             )
         return best
 
-    def _scan(self, slot: _Slot) -> RecoveryReport:
+    def _scan(self) -> RecoveryReport:
         """Find the end of the valid records after the acknowledged position."""
-        mm = self._mm
-        cap = self._capacity
-        pos = slot.head
-        seq = slot.head_seq
-        prev_generation = 0
-        records = 0
-        reason = "clean end"
-        corrupt = False
-        while pos - slot.head < cap:
-            phys = pos % cap
-            room = cap - phys
-            if room < FRAME_HEADER_SIZE:
-                pos += room
-                continue
-            base = HEADER_SIZE + phys
-            length_word, crc, frame_seq, _, generation, zero = _FRAME_FULL.unpack_from(mm, base)
-            length = length_word & _LENGTH_MASK
-            is_padding = bool(length_word & _PADDING_FLAG)
-            if length_word == 0:
-                break
-            if frame_seq < seq or generation < prev_generation:
-                break
-            end = base + FRAME_HEADER_SIZE + (0 if is_padding else length)
-            if (
-                frame_seq != seq
-                or generation > slot.generation
-                or zero != 0
-                or (is_padding and length != room)
-                or (not is_padding and frame_size(length) > room)
-                or crc != crc32c(mm[base + 8 : end], length_word)
-            ):
-                reason = f"record at position {pos} (sequence {seq}) failed validation"
-                corrupt = True
-                break
-            prev_generation = generation
-            if is_padding:
-                pos += room
-                continue
-            pos += frame_size(length)
-            seq += 1
-            records += 1
-        self._tail = pos
-        self._next_seq = seq
-        (hint,) = _U64.unpack_from(mm, _HINT_OFFSET)
-        plausible = seq <= hint <= seq + cap // FRAME_HEADER_SIZE
+        core = self.core
+        records, corrupt, stop, hint = core.scan()
+        seq = core.next_seq
+        reason = (
+            f"record at position {stop} (sequence {seq}) failed validation"
+            if corrupt
+            else "clean end"
+        )
+        plausible = seq <= hint <= seq + core.capacity // FRAME_HEADER_SIZE
         skipped = hint - seq if plausible else 0
         if skipped and not corrupt:
             reason = f"records {seq}..{hint - 1} were written but are unreadable"
-        return RecoveryReport(records, pos - slot.head, skipped, corrupt or skipped > 0, reason)
-
-    def _scrub_free_space(self) -> None:
-        """Zero everything after the recovered tail, once, after a damaged tail was found.
-
-        What lies there is garbage or records that could not be verified; left in place,
-        a later scan starting beyond the rewritten part could take them for valid.
-        """
-        cap = self._capacity
-        start = self._tail % cap
-        free = cap - (self._tail - self._head)
-        first = min(free, cap - start)
-        self._mm[HEADER_SIZE + start : HEADER_SIZE + start + first] = bytes(first)
-        if free > first:
-            self._mm[HEADER_SIZE : HEADER_SIZE + free - first] = bytes(free - first)
+        return RecoveryReport(records, stop - core.head, skipped, corrupt or skipped > 0, reason)
 
     # ---- writing ---------------------------------------------------------------
 
@@ -366,34 +301,35 @@ class RingQueue:
         """Append one record; returns its sequence once it is as durable as configured.
 
         Payloads must not be empty: a zero length word is how the ring marks its end.
-        This is the hot path of every send, hence written flat.
         """
-        length = len(payload)
-        if not 0 < length <= self._max_payload:
-            raise self._bad_length(length)
         ts = self._clock.now_ms() if timestamp_ms is None else timestamp_ms
-        size = (FRAME_HEADER_SIZE + length + 7) & ~7
-        with self._lock:
-            if self._closed:
-                raise SpoolClosedError(f"queue {self.path} is closed")
-            cap = self._capacity
-            tail = self._tail
-            if cap - tail % cap < size or cap - (tail - self._head) < size:
-                self._make_room(size, ts)
-                tail = self._tail
-            seq = self._next_seq
-            base = HEADER_SIZE + tail % cap
-            mm = self._mm
-            body = _FRAME_BODY.pack(seq, ts, self._generation, 0) + payload
-            mm[base + 8 : base + 8 + len(body)] = body
-            _U32.pack_into(mm, base + 4, crc32c(body, length))
-            _U32.pack_into(mm, base, length)
-            self._tail = tail + size
-            self._next_seq = seq + 1
-            _U64.pack_into(mm, _HINT_OFFSET, seq + 1)
+        seq = self.core.append(payload, ts)
+        if seq < 0:
+            seq = self._append_refused(payload, ts, seq)
         if self._commit is not None:
-            self._commit.wait_durable(seq, self._next_seq - 1)
+            self._commit.wait_durable(seq, self.core.next_seq - 1)
         return seq
+
+    def _append_refused(self, payload: bytes, ts: int, status: int) -> int:
+        """Apply the policy to an append the core refused: raise, or wait for room."""
+        if status == APPEND_BAD_LENGTH:
+            raise self._bad_length(len(payload))
+        if status == APPEND_CLOSED:
+            raise SpoolClosedError(f"queue {self.path} is closed")
+        if self.settings.full_policy is not FullPolicy.BLOCK:
+            raise self._full_error()
+        deadline = self._clock.monotonic() + self.settings.block_timeout_s
+        with self._space:
+            while True:
+                seq = self.core.append(payload, ts)
+                if seq >= 0:
+                    return seq
+                if seq == APPEND_CLOSED:
+                    raise SpoolClosedError(f"queue {self.path} is closed")
+                remaining = deadline - self._clock.monotonic()
+                if remaining <= 0:
+                    raise self._full_error()
+                self._space.wait(remaining)
 
     def append_many(self, payloads: list[bytes], timestamp_ms: int | None = None) -> int:
         """Append records in order under one lock and one sync; returns the first sequence.
@@ -401,147 +337,37 @@ class RingQueue:
         When the queue fills under `reject` or `block`, the exception is raised and the
         records appended before it stay appended.
         """
+        max_payload = self.core.max_payload
         for payload in payloads:
-            if not 0 < len(payload) <= self._max_payload:
+            if not 0 < len(payload) <= max_payload:
                 raise self._bad_length(len(payload))
         ts = self._clock.now_ms() if timestamp_ms is None else timestamp_ms
-        with self._lock:
-            if self._closed:
-                raise SpoolClosedError(f"queue {self.path} is closed")
-            first = self._next_seq
-            for payload in payloads:
-                self._write_locked(payload, ts)
-            last = self._next_seq - 1
-        if self._commit is not None and last >= first:
-            self._commit.wait_durable(last, last)
-        return first
+        first, written, status = self.core.append_many(payloads, ts)
+        try:
+            for payload in payloads[written:] if status else ():
+                seq = self.core.append(payload, ts)
+                if seq < 0:
+                    self._append_refused(payload, ts, seq)
+        finally:
+            last = self.core.next_seq - 1
+            if self._commit is not None and last >= first:
+                self._commit.wait_durable(last, last)
+        return int(first)
 
-    def _fits(self, size: int) -> bool:
-        """Whether a record of `size` bytes fits at the tail without dropping anything."""
-        cap = self._capacity
-        room = cap - self._tail % cap
-        needed = size + (room if room < size else 0)
-        return cap - (self._tail - self._head) >= needed
+    def _full_error(self) -> SpoolFullError:
+        core = self.core
+        return SpoolFullError(
+            f"queue {self.path.name} is full: {core.tail - core.head} of {core.capacity} bytes "
+            f"hold {core.next_seq - core.head_seq} unsent records "
+            f"(policy {self.settings.full_policy.value})"
+        )
 
     def _bad_length(self, length: int) -> InvalidEventError:
         if not length:
             return InvalidEventError("a queue record must not be empty")
         return EventTooLargeError(
-            f"record of {length} bytes exceeds the maximum of {self._max_payload} "
+            f"record of {length} bytes exceeds the maximum of {self.core.max_payload} "
             f"for queue {self.path.name}"
-        )
-
-    def _write_locked(self, payload: bytes, ts: int) -> int:
-        length = len(payload)
-        size = frame_size(length)
-        cap = self._capacity
-        if cap - self._tail % cap < size or cap - (self._tail - self._head) < size:
-            self._make_room(size, ts)
-        seq = self._next_seq
-        base = HEADER_SIZE + self._tail % cap
-        body = _FRAME_BODY.pack(seq, ts, self._generation, 0) + payload
-        self._mm[base + 8 : base + 8 + len(body)] = body
-        _U32.pack_into(self._mm, base + 4, crc32c(body, length))
-        _U32.pack_into(self._mm, base, length)
-        self._tail += size
-        self._next_seq = seq + 1
-        _U64.pack_into(self._mm, _HINT_OFFSET, seq + 1)
-        return seq
-
-    def _make_room(self, size: int, ts: int) -> None:
-        """Free space for a record of `size` bytes by the full-queue policy, then pad.
-
-        On return the record fits at the tail without wrapping. The space needed is
-        computed again after every wait: other writers may have moved the tail meanwhile.
-        """
-        cap = self._capacity
-        policy = self.settings.full_policy
-        deadline: float | None = None
-        dropped = False
-        while True:
-            room = cap - self._tail % cap
-            needed = size + (room if room < size else 0)
-            if cap - (self._tail - self._head) >= needed:
-                break
-            if policy is FullPolicy.DROP_OLDEST:
-                self._drop_head()
-                dropped = True
-                continue
-            if policy is FullPolicy.BLOCK:
-                if self._closed:
-                    raise SpoolClosedError(f"queue {self.path} is closed")
-                now = self._clock.monotonic()
-                if deadline is None:
-                    deadline = now + self.settings.block_timeout_s
-                if now < deadline:
-                    self._space.wait(deadline - now)
-                    continue
-            raise SpoolFullError(
-                f"queue {self.path.name} is full: {self._tail - self._head} of {cap} bytes "
-                f"hold {self._next_seq - self._head_seq} unsent records (policy {policy.value})"
-            )
-        if dropped:
-            self._persist_head()
-        if room < size:
-            if room >= FRAME_HEADER_SIZE:
-                self._write_padding(HEADER_SIZE + self._tail % cap, room, ts)
-            self._tail += room
-
-    def _write_padding(self, base: int, room: int, ts: int) -> None:
-        mm = self._mm
-        body = _FRAME_BODY.pack(self._next_seq, ts, self._generation, 0)
-        word = _PADDING_FLAG | room
-        mm[base + 8 : base + 8 + len(body)] = body
-        _U32.pack_into(mm, base + 4, crc32c(body, word))
-        _U32.pack_into(mm, base, word)
-
-    def _drop_head(self) -> None:
-        self._head = self._next_position(self._head)
-        self._head_seq += 1
-        self._slot.dropped += 1
-        if self._read_seq < self._head_seq:
-            self._read = self._head
-            self._read_seq = self._head_seq
-
-    def _skip_padding(self, pos: int) -> int:
-        """Move past padding at `pos`, so it points at a record (or the tail)."""
-        cap = self._capacity
-        while pos < self._tail:
-            phys = pos % cap
-            room = cap - phys
-            if room < FRAME_HEADER_SIZE:
-                pos += room
-                continue
-            (word,) = _FRAME_LENGTH.unpack_from(self._mm, HEADER_SIZE + phys)
-            if not word & _PADDING_FLAG:
-                break
-            pos += room
-        return pos
-
-    def _next_position(self, pos: int) -> int:
-        """The position after the record at (or after padding at) `pos`."""
-        pos = self._skip_padding(pos)
-        (length,) = _FRAME_LENGTH.unpack_from(self._mm, HEADER_SIZE + pos % self._capacity)
-        return pos + frame_size(length)
-
-    def _persist_head(self) -> None:
-        slot = self._slot
-        slot.counter += 1
-        slot.head = self._head
-        slot.head_seq = self._head_seq
-        offset = _SLOT_OFFSETS[slot.counter % 2]
-        _SLOT.pack_into(
-            self._mm,
-            offset,
-            slot.counter,
-            slot.head,
-            slot.head_seq,
-            slot.generation,
-            slot.dropped,
-            slot.skipped,
-        )
-        _U32.pack_into(
-            self._mm, offset + _SLOT_CRC_OFFSET, crc32c(self._mm[offset : offset + _SLOT.size])
         )
 
     # ---- reading ---------------------------------------------------------------
@@ -551,34 +377,11 @@ class RingQueue:
 
         Returns at least one record when any is waiting, even one larger than `max_bytes`.
         """
-        out: list[Record] = []
-        mm = self._mm
-        cap = self._capacity
-        with self._lock:
-            pos = self._read
-            seq = self._read_seq
-            total = 0
-            while seq < self._next_seq and len(out) < max_records:
-                pos = self._skip_padding(pos)
-                base = HEADER_SIZE + pos % cap
-                (length,) = _FRAME_LENGTH.unpack_from(mm, base)
-                if out and total + length > max_bytes:
-                    break
-                frame_seq, ts, _, _ = _FRAME_BODY.unpack_from(mm, base + 8)
-                start = base + FRAME_HEADER_SIZE
-                out.append(Record(frame_seq, ts, mm[start : start + length]))
-                total += length
-                pos += frame_size(length)
-                seq += 1
-            self._read = pos
-            self._read_seq = seq
-        return out
+        return [Record(*fields) for fields in self.core.read_records(max_records, max_bytes)]
 
     def rewind(self) -> None:
         """Hand out again every record not yet acknowledged (after a failed send)."""
-        with self._lock:
-            self._read = self._head
-            self._read_seq = self._head_seq
+        self.core.rewind()
 
     def ack(self, up_to_seq: int) -> None:
         """Remove every record up to and including `up_to_seq` for good.
@@ -586,89 +389,76 @@ class RingQueue:
         Acknowledging a record already removed (acknowledged, or dropped by drop_oldest
         while it was being sent) does nothing: the position never moves back.
         """
-        with self._lock:
-            if up_to_seq < self._head_seq:
-                return
-            if up_to_seq >= self._read_seq:
-                raise ValueError(
-                    f"cannot acknowledge sequence {up_to_seq} of {self.path.name}: "
-                    f"only records below {self._read_seq} were handed out"
-                )
-            while self._head_seq <= up_to_seq:
-                self._head = self._next_position(self._head)
-                self._head_seq += 1
-            self._persist_head()
-            if self.settings.full_policy is FullPolicy.BLOCK:
+        if self.core.ack(up_to_seq) == ACK_NOT_HANDED_OUT:
+            raise ValueError(
+                f"cannot acknowledge sequence {up_to_seq} of {self.path.name}: "
+                f"only records below {self.core.read_seq} were handed out"
+            )
+        if self.settings.full_policy is FullPolicy.BLOCK:
+            with self._space:
                 self._space.notify_all()
 
     # ---- state -----------------------------------------------------------------
 
     @property
     def capacity(self) -> int:
-        return self._capacity
+        return int(self.core.capacity)
 
     @property
     def is_open(self) -> bool:
-        return not self._closed
+        return not self.core.closed
 
     @property
     def head_seq(self) -> int:
         """Sequence of the oldest record not yet acknowledged."""
-        return self._head_seq
+        return int(self.core.head_seq)
 
     @property
     def depth(self) -> int:
-        return self._next_seq - self._head_seq
+        return int(self.core.next_seq - self.core.head_seq)
 
     @property
     def next_seq(self) -> int:
-        return self._next_seq
+        return int(self.core.next_seq)
 
     @property
     def unread(self) -> int:
-        return self._next_seq - self._read_seq
+        return int(self.core.next_seq - self.core.read_seq)
 
     @property
     def syncs(self) -> int:
         return self._commit.syncs if self._commit is not None else 0
 
     def stats(self) -> RingStats:
-        with self._lock:
-            oldest: int | None = None
-            if self._next_seq > self._head_seq:
-                pos = self._skip_padding(self._head)
-                base = HEADER_SIZE + pos % self._capacity
-                _, ts, _, _ = _FRAME_BODY.unpack_from(self._mm, base + 8)
-                oldest = max(0, self._clock.now_ms() - ts)
-            return RingStats(
-                path=str(self.path),
-                capacity=self._capacity,
-                depth=self._next_seq - self._head_seq,
-                bytes=self._tail - self._head,
-                oldest_age_ms=oldest,
-                head_seq=self._head_seq,
-                read_seq=self._read_seq,
-                next_seq=self._next_seq,
-                head_position=self._head,
-                tail_position=self._tail,
-                generation=self._generation,
-                dropped=self._slot.dropped,
-                skipped_total=self._slot.skipped,
-            )
+        core = self.core
+        oldest_ts = core.oldest_timestamp()
+        return RingStats(
+            path=str(self.path),
+            capacity=core.capacity,
+            depth=core.next_seq - core.head_seq,
+            bytes=core.tail - core.head,
+            oldest_age_ms=None if oldest_ts < 0 else max(0, self._clock.now_ms() - oldest_ts),
+            head_seq=core.head_seq,
+            read_seq=core.read_seq,
+            next_seq=core.next_seq,
+            head_position=core.head,
+            tail_position=core.tail,
+            generation=core.generation,
+            dropped=core.dropped,
+            skipped_total=core.skipped,
+        )
 
     def close(self) -> None:
         """Persist the read position and release the file; later calls raise SpoolClosedError."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        if self.core.closed:
+            return
+        self.core.close()
+        with self._space:
             self._space.notify_all()
-            if self._writable:
-                self._persist_head()
-                if self._commit is not None:
-                    os.fdatasync(self._fd)
-            self._mm.close()
-            os.close(self._fd)
+        if self._writable and self._commit is not None:
+            os.fdatasync(self._fd)
+        self._mm.close()
+        os.close(self._fd)
 
     def __enter__(self) -> RingQueue:
         return self
@@ -693,7 +483,7 @@ def append_to_each(rings: Sequence[RingQueue], payload: bytes, timestamp_ms: int
     length = len(payload)
     size = frame_size(length)
     for ring in rings:
-        if not 0 < length <= ring._max_payload:
+        if not 0 < length <= ring.core.max_payload:
             raise ring._bad_length(length)
     deadline: float | None = None
     seqs: list[int] = []
@@ -701,15 +491,18 @@ def append_to_each(rings: Sequence[RingQueue], payload: bytes, timestamp_ms: int
         full: RingQueue | None = None
         with ExitStack() as held:
             for ring in rings:
-                held.enter_context(ring._lock)
+                ring.core.acquire()
+                held.callback(ring.core.release)
             for ring in rings:
-                if ring._closed:
+                if ring.core.closed:
                     raise SpoolClosedError(f"queue {ring.path} is closed")
-                if ring.settings.full_policy is not FullPolicy.DROP_OLDEST and not ring._fits(size):
+                if ring.settings.full_policy is not FullPolicy.DROP_OLDEST and not (
+                    ring.core.fits_locked(size)
+                ):
                     full = ring
                     break
             else:
-                seqs = [ring._write_locked(payload, timestamp_ms) for ring in rings]
+                seqs = [ring.core.write_locked(payload, timestamp_ms) for ring in rings]
         if full is None:
             break
         where = f"{full.path.parent.name}/{full.path.name}"
@@ -722,11 +515,11 @@ def append_to_each(rings: Sequence[RingQueue], payload: bytes, timestamp_ms: int
                 f"the event was written to none of its {len(rings)} queues"
             )
         with full._space:
-            if not full._closed and not full._fits(size):
+            if not full.core.closed and not full.core.fits(size):
                 full._space.wait(deadline - now)
     for ring, seq in zip(rings, seqs, strict=True):
         if ring._commit is not None:
-            ring._commit.wait_durable(seq, ring._next_seq - 1)
+            ring._commit.wait_durable(seq, ring.core.next_seq - 1)
 
 
 def _create_file(path: Path, capacity: int) -> None:
