@@ -76,7 +76,7 @@ cdef class EventIdGenerator:
     def next_id(self, now_ms=None) -> str:
         """A new id; pass `now_ms` when the caller has just read the clock anyway."""
         cdef int64_t now = self.now_ms() if now_ms is None else now_ms
-        return PyUnicode_DecodeASCII(self.make(now), ID_LEN, NULL)
+        return _ascii(self.make(now), ID_LEN)
 
 
 _LIVE_GENERATORS = _weakref.WeakSet()

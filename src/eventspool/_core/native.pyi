@@ -1,7 +1,7 @@
 """What mypy sees of the compiled core (native.pyx); keep in step with it."""
 
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 
 from typing_extensions import Buffer
 
@@ -109,3 +109,26 @@ class TopicRoute:
     def set_ring(self, partition: int, ring: RingCore | None) -> None: ...
     def choose(self, key: bytes | None, size: int) -> int: ...
     def send(self, key: bytes | None, value: bytes | None) -> str | None: ...
+
+class SpoolFront:
+    _routes: dict[str, TopicRoute]
+    def send(
+        self,
+        topic: str | None,
+        value: bytes | None,
+        key: bytes | str | None = None,
+        headers: Mapping[str, bytes | str | None]
+        | Sequence[tuple[str, bytes | str | None]]
+        | None = None,
+        exchange: str | None = None,
+        routing_key: str = "",
+    ) -> str: ...
+    def _send_python(
+        self,
+        topic: str | None,
+        value: bytes | None,
+        key: bytes | str | None,
+        headers: Mapping[str, bytes | str | None] | Sequence[tuple[str, bytes | str | None]] | None,
+        exchange: str | None,
+        routing_key: str,
+    ) -> str: ...

@@ -9,7 +9,7 @@ hashes keys and picks partitions (route.pxi). The formats are written out at the
 eventspool/spool/ring.py and eventspool/envelope.py; the golden-bytes tests check this
 code against them, not against itself.
 
-Locking: a ring's lock is a PyThread lock. A thread holding the interpreter lock only
+Locking: a ring's lock is a pthread mutex. A thread holding the interpreter lock only
 ever try-locks it, and waits for it with the interpreter lock released, so a ring
 holder that copies a large event without the interpreter lock can never deadlock with
 a thread that holds the interpreter lock and wants the ring.
@@ -17,19 +17,25 @@ a thread that holds the interpreter lock and wants the ring.
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.pythread cimport (
-    NOWAIT_LOCK,
-    WAIT_LOCK,
-    PyThread_acquire_lock,
-    PyThread_allocate_lock,
-    PyThread_free_lock,
-    PyThread_release_lock,
-    PyThread_type_lock,
-)
-from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t *mutex, void *attr)
+    int pthread_mutex_destroy(pthread_mutex_t *mutex)
+    int pthread_mutex_lock(pthread_mutex_t *mutex)
+    int pthread_mutex_trylock(pthread_mutex_t *mutex)
+    int pthread_mutex_unlock(pthread_mutex_t *mutex)
+
+
+cdef extern from "Python.h":
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    void *PyUnicode_DATA(object text)
 
 
 cdef extern from "bytes_util.h":
@@ -114,6 +120,13 @@ def partition_for_key(bytes key not None, int partition_count) -> int:
     if partition_count < 1:
         raise ValueError(f"partition_count must be at least 1, got {partition_count}")
     return (es_murmur2(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)) & 0x7FFFFFFF) % partition_count
+
+
+cdef inline str _ascii(const char *data, Py_ssize_t length):
+    """A str of ASCII bytes the caller vouches for, without the decoder's checks."""
+    text = PyUnicode_New(length, 127)
+    memcpy(PyUnicode_DATA(text), data, length)
+    return text
 
 
 include "envelope.pxi"

@@ -42,7 +42,7 @@ cdef class RingCore:
     cdef bint _has_view
     cdef char *_map
     cdef char *_area
-    cdef PyThread_type_lock _lock
+    cdef pthread_mutex_t _lock
     cdef readonly uint64_t capacity
     cdef readonly uint64_t head
     cdef readonly uint64_t head_seq
@@ -64,9 +64,7 @@ cdef class RingCore:
         self, mm, uint64_t capacity, tuple slot, uint64_t max_payload,
         bint drop_oldest, bint fast, bint writable,
     ):
-        self._lock = PyThread_allocate_lock()
-        if self._lock == NULL:
-            raise MemoryError()
+        pthread_mutex_init(&self._lock, NULL)
         PyObject_GetBuffer(mm, &self._view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
         self._has_view = True
         if <uint64_t>self._view.len < HEADER_SIZE + capacity or capacity < 4096:
@@ -86,21 +84,20 @@ cdef class RingCore:
     def __dealloc__(self):
         if self._has_view:
             PyBuffer_Release(&self._view)
-        if self._lock != NULL:
-            PyThread_free_lock(self._lock)
+        pthread_mutex_destroy(&self._lock)
 
     # ---- the lock ----------------------------------------------------------------
 
     cdef inline void _acquire(self) noexcept:
-        if not PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
+        if pthread_mutex_trylock(&self._lock) != 0:
             with nogil:
-                PyThread_acquire_lock(self._lock, WAIT_LOCK)
+                pthread_mutex_lock(&self._lock)
 
     cdef inline bint _try_acquire(self) noexcept:
-        return PyThread_acquire_lock(self._lock, NOWAIT_LOCK)
+        return pthread_mutex_trylock(&self._lock) == 0
 
     cdef inline void _release(self) noexcept nogil:
-        PyThread_release_lock(self._lock)
+        pthread_mutex_unlock(&self._lock)
 
     def acquire(self) -> None:
         """Hold the ring for several calls (append_to_each); never blocks other threads' Python."""

@@ -143,6 +143,9 @@ cdef class TopicRoute:
         open, full, busy, closed or durable by fsync, or the event is too large. The
         types of `key` and `value` (bytes or None) were checked by the caller.
         """
+        return self._send(key, value)
+
+    cdef object _send(self, key, value):
         cdef Py_ssize_t klen, vlen, size
         cdef int partition
         cdef int64_t now
@@ -163,4 +166,40 @@ cdef class TopicRoute:
         event_id = self._ids.make(now)
         if (<RingCore>ring).write_envelope(event_id, now, k, klen, v, vlen) < 0:
             return None
-        return PyUnicode_DecodeASCII(event_id, ID_LEN, NULL)
+        return _ascii(event_id, ID_LEN)
+
+
+cdef class SpoolFront:
+    """The compiled front of `Spool.send()`: the common case without a Python frame.
+
+    An event without headers or exchange, for a topic already open, with a bytes (or
+    None) value and key, is written by its TopicRoute here. Anything else, and anything
+    the route gives back, goes to `_send_python`, the Python path that checks every
+    argument, applies the policies and raises the errors.
+    """
+
+    cdef public dict _routes
+
+    def __cinit__(self, *args, **kwargs):
+        self._routes = {}
+
+    def send(self, topic, value, key=None, headers=None, exchange=None, routing_key=""):
+        """Spool one event and return its event_id once it is durable.
+
+        `value=None` is a tombstone (delete marker for compacted topics), distinct from
+        `b""`. Raises InvalidEventError for a bad topic, value, key or header, or an event
+        over `max_event_bytes`; SpoolFullError when the queue is full under `reject`
+        (or `block` timed out). With `exchange` (and `topic=None`) the event is routed
+        by `routing_key` instead.
+        """
+        if exchange is None and headers is None and type(topic) is str:
+            route = self._routes.get(topic)
+            if (
+                route is not None
+                and (value is None or type(value) is bytes)
+                and (key is None or type(key) is bytes)
+            ):
+                event_id = (<TopicRoute>route)._send(key, value)
+                if event_id is not None:
+                    return event_id
+        return self._send_python(topic, value, key, headers, exchange, routing_key)

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
+from eventspool._core.native import SpoolFront
 from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import SenderSettings, SpoolSettings, validate_topic
 from eventspool.envelope import EventIdGenerator, HeadersInput, encode, normalize_headers
@@ -47,12 +48,16 @@ def _text_key(key: object, kind: str, name: str | None) -> bytes:
         ) from None
 
 
-class Spool:
+class Spool(SpoolFront):
     """A durable local queue of events for Kafka, owned by this process.
 
     `send()` writes the event to the ring file of its (topic, partition) and returns its
     event_id; from then on the event survives the death of this process. One process
     owns a spool directory at a time; a second gets SpoolLockedError.
+
+    `send()` itself is SpoolFront.send, compiled: it writes the common event (no headers,
+    no exchange, a topic already open) without a Python frame, and hands everything else
+    to `_send_python`, which checks every argument and applies every policy.
     """
 
     def __init__(
@@ -91,26 +96,19 @@ class Spool:
             )
             self.sender.start()
 
-    def send(  # noqa: PLR0917  # see the docstring
+    def _send_python(  # noqa: PLR0917  # send()'s own parameters, in its order
         self,
         topic: str | None,
         value: bytes | None,
-        key: bytes | str | None = None,
-        headers: HeadersInput | None = None,
-        exchange: str | None = None,
-        routing_key: str = "",
+        key: bytes | str | None,
+        headers: HeadersInput | None,
+        exchange: str | None,
+        routing_key: str,
     ) -> str:
-        """Spool one event and return its event_id once it is durable.
-
-        `value=None` is a tombstone (delete marker for compacted topics), distinct from
-        `b""`. Raises InvalidEventError for a bad topic, value, key or header, or an event
-        over `max_event_bytes`; SpoolFullError when the queue is full under `reject`
-        (or `block` timed out).
+        """`send()` for every event its compiled front does not write itself.
 
         With `exchange` (and `topic=None`) the event is routed by `routing_key` instead:
-        see `_publish`. Pass both by keyword; they are not keyword-only because CPython
-        3.11 calls a function with keyword-only parameters about 25 ns slower, which
-        every plain send would pay.
+        see `_publish`.
         """
         if exchange is not None:
             if topic is not None:
@@ -211,6 +209,7 @@ class Spool:
         name = validate_topic(topic)
         queues = self._registry.topic(name)
         self._topics[name] = queues
+        self._routes[name] = queues.route
         return queues
 
     # ---- exchanges -------------------------------------------------------------------
@@ -294,6 +293,7 @@ class Spool:
             return
         self._closed = True
         self._topics.clear()
+        self._routes.clear()
         try:
             if self.sender is not None:
                 self.flush(timeout)

@@ -1,0 +1,193 @@
+"""Instructions per event, counted by valgrind's callgrind: a figure a busy machine does not move.
+
+Each lane runs in its own `python bench/_instructions.py LANE EVENTS [BOOTSTRAP]` under
+callgrind, which dumps its counters whenever `getppid` is entered. The lane calls
+`os.getppid()` right before and right after its measured loop, so the second dump holds
+the loop alone: interpreter start-up, imports and warm-up are left out, and the
+per-event figure is that dump's instruction count over the events. Every thread of the
+process is counted (librdkafka's included); valgrind runs them one at a time.
+
+Lanes: `send` and `send_keyed` (`Spool.send()` of 100-byte values, durability process,
+4 partitions), `produce` and `produce_keyed` (`Producer.produce()` into librdkafka's
+memory, nothing sent), `e2e_spool` (send then flush to the broker's acknowledgement,
+keyed, 12 partitions) and `e2e_producer` (an idempotent producer doing the same, with
+a delivery callback per message, as bench/e2e.py's anchor).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+
+from _common import sender_producer_config
+from eventspool.broker.local import create_topic
+from eventspool.envelope import EventIdGenerator
+from eventspool.spool.api import Spool
+
+PAYLOAD = b"v" * 100
+KEYS = [f"user-{i}".encode() for i in range(10_000)]
+WARMUP_EVENTS = 2_000
+_TOTALS = re.compile(rb"^(?:summary|totals): (\d+)", re.MULTILINE)
+
+
+def available() -> bool:
+    return shutil.which("valgrind") is not None
+
+
+def per_event(lanes: Sequence[str], events: int, bootstrap: str | None = None) -> dict[str, float]:
+    """Instructions per event of each lane, the lanes run side by side (one core each)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        counts = pool.map(lambda lane: _count(lane, events, bootstrap), lanes)
+        return {lane: round(count / events, 1) for lane, count in zip(lanes, counts, strict=True)}
+
+
+def _count(lane: str, events: int, bootstrap: str | None) -> int:
+    with tempfile.TemporaryDirectory(prefix="eventspool-callgrind-") as scratch:
+        out = Path(scratch) / "callgrind.out"
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--dump-before=getppid",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            __file__,
+            lane,
+            str(events),
+            *([bootstrap] if bootstrap else []),
+        ]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        subprocess.run(command, check=True, capture_output=True, cwd=scratch, env=env)
+        dumps = sorted(Path(scratch).glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
+        if len(dumps) < 2:
+            raise RuntimeError(f"callgrind wrote {len(dumps)} dumps for lane {lane}, expected 3")
+        match = _TOTALS.search(dumps[1].read_bytes())
+        if match is None:
+            raise RuntimeError(f"no instruction total in {dumps[1].name} of lane {lane}")
+        return int(match.group(1))
+
+
+# ---- the lanes, run inside valgrind -------------------------------------------------
+
+
+def _measured(loop: Callable[[], None]) -> None:
+    os.getppid()
+    loop()
+    os.getppid()
+
+
+def _spool_lane(events: int, keyed: bool) -> None:
+    with tempfile.TemporaryDirectory() as directory, Spool(directory) as spool:
+        spool.set_partition_count("ipe", 4)
+        send = spool.send
+        for i in range(WARMUP_EVENTS):
+            send("ipe", PAYLOAD, KEYS[i % 4])
+        keys = [KEYS[i % len(KEYS)] if keyed else None for i in range(events)]
+
+        def loop() -> None:
+            for key in keys:
+                send("ipe", PAYLOAD, key)
+
+        _measured(loop)
+
+
+def _producer_lane(events: int, keyed: bool) -> None:
+    producer = Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0})
+    produce = producer.produce
+    for i in range(WARMUP_EVENTS):
+        produce("ipe", PAYLOAD, KEYS[i % 4])
+    keys = [KEYS[i % len(KEYS)] if keyed else None for i in range(events)]
+
+    def loop() -> None:
+        for key in keys:
+            produce("ipe", PAYLOAD, key)
+
+    _measured(loop)
+    producer.purge()
+
+
+def _e2e_spool_lane(events: int, bootstrap: str) -> None:
+
+    topic = f"ipe-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 12)
+    with tempfile.TemporaryDirectory() as directory, Spool(directory, bootstrap) as spool:
+        send = spool.send
+        for i in range(WARMUP_EVENTS):
+            send(topic, PAYLOAD, KEYS[i % len(KEYS)])
+        if spool.flush(120) != 0:
+            raise RuntimeError("the warm-up did not reach the broker")
+        keys = [KEYS[i % len(KEYS)] for i in range(events)]
+
+        def loop() -> None:
+            for key in keys:
+                send(topic, PAYLOAD, key)
+            if spool.flush(600) != 0:
+                raise RuntimeError("the spool did not drain")
+
+        _measured(loop)
+
+
+def _e2e_producer_lane(events: int, bootstrap: str) -> None:
+
+    topic = f"ipe-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 12)
+    delivered = [0]
+
+    def on_delivery(_error: Any, _message: Any) -> None:
+        delivered[0] += 1
+
+    config: dict[str, Any] = {
+        **sender_producer_config(bootstrap),
+        "partitioner": "murmur2_random",
+        "on_delivery": on_delivery,
+    }
+    producer = Producer(config)
+    ids = EventIdGenerator()
+    for i in range(WARMUP_EVENTS):
+        producer.produce(topic, PAYLOAD, KEYS[i % len(KEYS)], headers=[("event_id", ids.next_id())])
+    producer.flush(120)
+    work = [(KEYS[i % len(KEYS)], ids.next_id().encode()) for i in range(events)]
+
+    def loop() -> None:
+        produce, poll = producer.produce, producer.poll
+        for n, (key, event_id) in enumerate(work):
+            while True:
+                try:
+                    produce(topic, PAYLOAD, key, headers=[("event_id", event_id)])
+                    break
+                except BufferError:
+                    poll(0.05)
+            if n % 1000 == 999:
+                poll(0)
+        producer.flush(600)
+
+    _measured(loop)
+
+
+def main(argv: Sequence[str]) -> int:
+    lane, events = argv[0], int(argv[1])
+    if lane in ("send", "send_keyed"):
+        _spool_lane(events, keyed=lane == "send_keyed")
+    elif lane in ("produce", "produce_keyed"):
+        _producer_lane(events, keyed=lane == "produce_keyed")
+    elif lane == "e2e_spool":
+        _e2e_spool_lane(events, argv[2])
+    elif lane == "e2e_producer":
+        _e2e_producer_lane(events, argv[2])
+    else:
+        raise SystemExit(f"unknown lane {lane!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
