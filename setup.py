@@ -12,6 +12,7 @@ CORE = Extension(
     sources=["src/eventspool/_core/native.pyx"],
     depends=[
         "src/eventspool/_core/bytes_util.h",
+        "src/eventspool/_core/delivery.pxi",
         "src/eventspool/_core/envelope.pxi",
         "src/eventspool/_core/ids.pxi",
         "src/eventspool/_core/ring.pxi",

@@ -1,7 +1,8 @@
 """What mypy sees of the compiled core (native.pyx); keep in step with it."""
 
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from typing_extensions import Buffer
 
@@ -132,3 +133,32 @@ class SpoolFront:
         exchange: str | None,
         routing_key: str,
     ) -> str: ...
+
+class AckTracker:
+    acked_until: int
+    in_flight: int
+    failed: bool
+    def __init__(self, first_seq: int) -> None: ...
+    def reset(self, first_seq: int) -> None: ...
+    def sent(self, seq: int) -> None: ...
+    def completed(self, seq: int) -> bool: ...
+    def failed_transiently(self) -> None: ...
+
+class Deliveries:
+    tracker: AckTracker
+    advanced: bool
+    delivered: int
+    stopped_at: int
+    def __init__(
+        self, tracker: AckTracker, on_failure: Callable[[int, Any, Any], None]
+    ) -> None: ...
+    def __call__(self, error: Any, message: Any) -> None: ...
+    def queued(self, seq: int) -> None: ...
+    def produce_batch(
+        self,
+        produce: Callable[..., None],
+        topic: str,
+        partition: int,
+        batch: list[tuple[int, bytes | None, bytes | None, int, _KafkaHeaders | None]],
+        start: int,
+    ) -> int: ...

@@ -5,7 +5,8 @@
 The Python modules above it keep policy: configuration, errors and their wording,
 retries, routing decisions and metrics. What is here frames records into the ring files
 (ring.pxi), builds and parses envelopes (envelope.pxi), makes event ids (ids.pxi),
-hashes keys and picks partitions (route.pxi). The formats are written out at the top of
+hashes keys and picks partitions (route.pxi), and feeds drained batches to librdkafka
+and accounts their delivery reports (delivery.pxi). The formats are written out at the top of
 eventspool/spool/ring.py and eventspool/envelope.py; the golden-bytes tests check this
 code against them, not against itself.
 
@@ -133,3 +134,4 @@ include "envelope.pxi"
 include "ids.pxi"
 include "ring.pxi"
 include "route.pxi"
+include "delivery.pxi"

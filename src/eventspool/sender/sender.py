@@ -9,26 +9,29 @@ settled, and the queue resends after a backoff: at-least-once, duplicates remova
 event_id. A permanent failure sends that event to the dead-letter file and moves on.
 
 Delivery reports of one partition arrive in produce order (librdkafka keeps it, and the
-idempotent producer guarantees it), so one shared callback pops the sequence from the
-partition's in-flight queue instead of a closure per record.
+idempotent producer guarantees it), so each queue's compiled callback (Deliveries) takes
+the oldest sequence in flight, accounts a success itself and hands a failure to
+`_on_failure`. The produce loop over a drained batch is compiled too; what to do when
+produce() raises stays here.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from eventspool._core.native import AckTracker, Deliveries
 from eventspool.clock import Clock
 from eventspool.config import KafkaConfigValue, SenderSettings
 from eventspool.sender.deadletter import DeadLetter, DeadLetterFile
 from eventspool.sender.errors import is_permanent
 from eventspool.sender.metadata import MetadataClient
-from eventspool.sender.tracking import AckTracker
 from eventspool.spool.registry import QueueRef, QueueRegistry
 from eventspool.spool.ring import RingQueue
 
@@ -45,14 +48,21 @@ KafkaRecord = tuple[
 ]
 
 
-@dataclass(eq=False, slots=True)
+FailureHandler = Callable[["_QueueState", int, KafkaError, Message], None]
+
+
 class _QueueState:
-    ref: QueueRef
-    partition: int
-    tracker: AckTracker
-    in_flight: deque[int] = field(default_factory=deque)
-    retry_at: float = 0.0
-    backoff_s: float = 0.0
+    """One queue as the sender sees it; `deliveries` is its delivery-report callback."""
+
+    __slots__ = ("backoff_s", "deliveries", "partition", "ref", "retry_at", "tracker")
+
+    def __init__(self, ref: QueueRef, partition: int, on_failure: FailureHandler) -> None:
+        self.ref = ref
+        self.partition = partition
+        self.tracker = AckTracker(ref.ring.head_seq)
+        self.deliveries = Deliveries(self.tracker, functools.partial(on_failure, self))
+        self.retry_at = 0.0
+        self.backoff_s = 0.0
 
 
 @dataclass(slots=True)
@@ -96,7 +106,6 @@ class Sender:
                 "acks": "all",
                 "message.timeout.ms": 0,
                 "error_cb": self._on_error,
-                "on_delivery": self._on_delivery,
                 "logger": logging.getLogger("eventspool.librdkafka"),
             }
         )
@@ -104,7 +113,6 @@ class Sender:
         self.dead_letters = DeadLetterFile(directory)
         self.counters = SenderCounters()
         self._queues: dict[RingQueue, _QueueState] = {}
-        self._by_partition: dict[tuple[str, int], _QueueState] = {}
         self._advanced: set[_QueueState] = set()
         self._next_refresh = 0.0
         self._stop = threading.Event()
@@ -180,9 +188,8 @@ class Sender:
                 continue
             state = self._queues.get(ref.ring)
             if state is None:
-                state = _QueueState(ref, ref.partition, AckTracker(ref.ring.head_seq))
+                state = _QueueState(ref, ref.partition, self._on_failure)
                 self._queues[ref.ring] = state
-                self._by_partition[(ref.topic, ref.partition)] = state
             if state.tracker.failed or now < state.retry_at:
                 continue
             room = self._settings.max_in_flight_per_queue - state.tracker.in_flight
@@ -196,31 +203,30 @@ class Sender:
         return produced
 
     def _produce_batch(self, state: _QueueState, batch: list[KafkaRecord]) -> None:
-        """Hand one batch of a queue to librdkafka, in order.
+        """Hand one batch of a queue to librdkafka, in order, in compiled loops.
 
         Records come out of the ring already decoded, with their `event_id` header first
         (RingCore.read_for_kafka). A record with no headers is one whose envelope could not
         be parsed: no Kafka message can be made of it, so it is dead-lettered as it is.
         """
+        deliveries = state.deliveries
         produce = self._producer.produce
-        topic = state.ref.topic
-        partition = state.partition
-        tracker = state.tracker
-        in_flight = state.in_flight
-        for record in batch:
-            seq, key, value, timestamp, headers = record
-            if headers is None:
-                self._undecodable(state, seq, value)
-                continue
-            tracker.sent(seq)
+        start = 0
+        while start < len(batch):
             try:
-                produce(
-                    topic, value, key, partition=partition, timestamp=timestamp, headers=headers
+                start = deliveries.produce_batch(
+                    produce, state.ref.topic, state.partition, batch, start
                 )
             except (BufferError, KafkaException):
-                if not self._produce_retrying(state, record):
-                    continue
-            in_flight.append(seq)
+                start = deliveries.stopped_at
+                if self._produce_retrying(state, batch[start]):
+                    deliveries.queued(batch[start][0])
+                start += 1
+                continue
+            if start < len(batch):
+                seq, _, payload, _, _ = batch[start]
+                self._undecodable(state, seq, payload)
+                start += 1
 
     def _undecodable(self, state: _QueueState, seq: int, payload: bytes | None) -> None:
         state.tracker.sent(seq)
@@ -250,6 +256,7 @@ class Sender:
                     partition=state.partition,
                     timestamp=timestamp,
                     headers=headers,
+                    on_delivery=state.deliveries,
                 )
                 return True
             except BufferError:
@@ -275,15 +282,10 @@ class Sender:
                     state.tracker.failed_transiently()
                 return False
 
-    def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
-        """Serve one delivery report; reports of a partition come in produce order."""
-        state = self._by_partition[(message.topic() or "", message.partition() or 0)]
-        seq = state.in_flight.popleft()
-        if error is None:
-            self.counters.delivered += 1
-            self._settled(state, seq)
-            state.backoff_s = 0.0
-            return
+    def _on_failure(
+        self, state: _QueueState, seq: int, error: KafkaError, message: Message
+    ) -> None:
+        """A failed delivery report: dead-letter a permanent failure, rewind otherwise."""
         if is_permanent(error):
             event_id = _as_text(dict(message.headers() or []).get("event_id"))
             key, value = message.key(), message.value()
@@ -306,6 +308,15 @@ class Sender:
 
     def _apply_acks(self) -> None:
         """Move read positions once per poll, not once per delivery report."""
+        for state in self._queues.values():
+            deliveries = state.deliveries
+            if deliveries.advanced:
+                deliveries.advanced = False
+                state.backoff_s = 0.0
+                self._advanced.add(state)
+            if deliveries.delivered:
+                self.counters.delivered += deliveries.delivered
+                deliveries.delivered = 0
         for state in self._advanced:
             state.ref.ring.ack(state.tracker.acked_until - 1)
         self._advanced.clear()
