@@ -30,7 +30,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from _common import sender_producer_config
+from _common import figure, sender_producer_config
 from eventspool.broker.local import create_topic
 from eventspool.envelope import EventIdGenerator
 from eventspool.spool.api import Spool
@@ -41,8 +41,27 @@ WARMUP_EVENTS = 2_000
 _TOTALS = re.compile(rb"^(?:summary|totals): (\d+)", re.MULTILINE)
 
 
+QUICK_EVENTS = 10_000
+FULL_EVENTS = 50_000
+
+
 def available() -> bool:
     return shutil.which("valgrind") is not None
+
+
+def instruction_figure(
+    name: str, counts: dict[str, float], ours: str, anchor: str, *, title: str, anchor_is: str
+) -> dict[str, object]:
+    """A bench figure of instructions per event; lower is better, so the ratio is anchor/ours."""
+    return figure(
+        name,
+        counts[ours],
+        counts[anchor],
+        unit="instructions per event",
+        title=title,
+        anchor_is=anchor_is,
+        higher_is_better=False,
+    )
 
 
 def per_event(lanes: Sequence[str], events: int, bootstrap: str | None = None) -> dict[str, float]:

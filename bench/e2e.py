@@ -26,6 +26,10 @@ to their topic and wait for them: this opens the connections, the spool's ring f
 the producer's partition queues, and checks that both put every warm-up key on the same
 partition (the spool partitions with Kafka's murmur2; librdkafka with murmur2_random).
 
+Instructions per event of both sides, counted by callgrind (bench/_instructions.py)
+over the same kind of run, come last: unlike the rates they do not move when the
+machine is busy.
+
 Runs alternate between ours and the anchor (the first one alternates too), so a
 disturbance from elsewhere on the machine hits both alike. The broker is tansu, started
 here (in memory), on the same machine: it competes with this process for the cores.
@@ -52,6 +56,7 @@ from typing import Any
 
 import confluent_kafka
 
+import _instructions
 from _common import (
     SENDER_PRODUCER_CONFIG,
     BenchArgs,
@@ -497,6 +502,7 @@ def run(args: BenchArgs) -> dict[str, object]:
     warmup = workload.part(0, WARMUP_EVENTS)
     timed = workload.part(WARMUP_EVENTS, len(workload))
     runs = Runs()
+    instructions: dict[str, float] = {}
     partition_counts: list[int] = []
     notes: dict[str, list[object]] = {"ours": [], "anchor": []}
     try:
@@ -532,6 +538,13 @@ def run(args: BenchArgs) -> dict[str, object]:
                         f"broker {result.per_million(window.broker_cpu_s or 0.0):.2f} CPU s/M"
                     )
                 check_same_partitions(results["ours"], results["anchor"])
+            if _instructions.available():
+                ipe_events = _instructions.QUICK_EVENTS if args.quick else _instructions.FULL_EVENTS
+                progress(f"instructions per event under callgrind ({ipe_events:,} per lane)")
+                instructions = _instructions.per_event(
+                    ["e2e_spool", "e2e_producer"], ipe_events, bootstrap
+                )
+                progress(f"instructions per event: {instructions}")
     finally:
         if args.keep:
             progress(f"scratch directory kept: {scratch}")
@@ -545,6 +558,7 @@ def run(args: BenchArgs) -> dict[str, object]:
         notes=notes,
         fs_type=fs_type,
         load=(load_start, load_average_1m()),
+        instructions=instructions,
     )
 
 
@@ -557,6 +571,7 @@ def build_result(
     notes: dict[str, list[object]],
     fs_type: str,
     load: tuple[float | None, float | None],
+    instructions: dict[str, float],
 ) -> dict[str, object]:
     def fig(name: str, digits: int = 3) -> float | None:
         value = runs.median(name)
@@ -585,6 +600,20 @@ def build_result(
                 title="CPU of the sending process per million events",
                 anchor_is="the same producer",
                 higher_is_better=False,
+            ),
+            *(
+                [
+                    _instructions.instruction_figure(
+                        "e2e_instructions_per_event",
+                        instructions,
+                        "e2e_spool",
+                        "e2e_producer",
+                        title="Instructions per event, send to acknowledgement (callgrind)",
+                        anchor_is="the same producer",
+                    )
+                ]
+                if instructions
+                else []
             ),
         ],
         "ours_cpu_s_per_million": round(ours_cpu, 3),

@@ -13,6 +13,9 @@ What one run measures (each figure is the median over the repetitions):
    server is a closed local port, so nothing leaves the process), timing only the
    enqueue, keyless and keyed, 1 and 4 threads; purged after every pass.
 
+4. Instructions per event, counted by callgrind (bench/_instructions.py) for
+   `Spool.send()` and `produce()` keyless: a figure that a busy machine does not move.
+
 Nothing sends the spool's events anywhere, so its rings would fill. There is no
 concurrent drainer here: every ring has room for a whole pass, and between passes, out
 of the timed region, every ring is drained with read_batch + ack (and the count of
@@ -40,6 +43,7 @@ from typing import Any
 
 import confluent_kafka
 
+import _instructions
 from _common import (
     BenchArgs,
     elapsed_s,
@@ -595,6 +599,12 @@ def run(args: BenchArgs) -> dict[str, object]:
         else:
             shutil.rmtree(scratch, ignore_errors=True)
     facts["load_average_1m_end"] = load_average_1m()
+    instructions: dict[str, float] = {}
+    if _instructions.available():
+        events = _instructions.QUICK_EVENTS if args.quick else _instructions.FULL_EVENTS
+        progress(f"instructions per event under callgrind ({events:,} events per lane)")
+        instructions = _instructions.per_event(["send", "produce"], events)
+        progress(f"instructions per event: {instructions}")
 
     return build_result(
         args,
@@ -604,6 +614,7 @@ def run(args: BenchArgs) -> dict[str, object]:
         facts=facts,
         fs_type=fs_type,
         anchor_errors=anchor_errors[0],
+        instructions=instructions,
     )
 
 
@@ -616,6 +627,7 @@ def build_result(
     facts: dict[str, object],
     fs_type: str,
     anchor_errors: int,
+    instructions: dict[str, float],
 ) -> dict[str, object]:
     figures = runs.medians()
     ours = figures["spool_process_keyless_1t_rate"]
@@ -660,6 +672,19 @@ def build_result(
             ),
         ],
     }
+    if instructions:
+        figure_list = result["figures"]
+        assert isinstance(figure_list, list)
+        figure_list.append(
+            _instructions.instruction_figure(
+                "enqueue_instructions_per_event",
+                instructions,
+                "send",
+                "produce",
+                title="Instructions per Spool.send(), 1 thread, keyless (callgrind)",
+                anchor_is="confluent_kafka produce(), memory only",
+            )
+        )
     for name, value in figures.items():
         result[name] = round(value) if name.endswith("_rate") else round(value, 3)
     ratios: dict[str, float | None] = {}
