@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from eventspool._core.native import EventIdGenerator, crc32c, crc32c_hardware, crc32c_portable
 from eventspool.clock import ManualClock
+from eventspool.config import QueueSettings
+from eventspool.spool.ring import RingQueue
 
 # RFC 3720 (iSCSI), appendix B.4, and the common check value of CRC-32C.
 CRC32C_VECTORS: list[tuple[bytes, int]] = [
@@ -72,3 +76,10 @@ def test_a_reseeded_generator_gives_other_random_bits() -> None:
     after = generator.next_id(1000)
     assert before[:18] == after[:18]
     assert before[19:] != after[19:]
+
+
+def test_append_many_refuses_what_is_not_bytes_before_writing_any(tmp_path: Path) -> None:
+    with RingQueue.open(tmp_path / "0.queue", QueueSettings(capacity_bytes=65536)) as ring:
+        with pytest.raises(TypeError, match="bytes"):
+            ring.append_many([b"fine", bytearray(b"not bytes")])  # type: ignore[list-item]
+        assert ring.depth == 0

@@ -350,6 +350,9 @@ cdef class RingCore:
         cdef Py_ssize_t written = 0
         cdef int status = 0
         self._check_writable()
+        for payload in payloads:
+            if type(payload) is not bytes:
+                raise TypeError(f"queue records must be bytes, got {type(payload).__name__}")
         self._acquire()
         first = self.next_seq
         if self.closed:

@@ -280,19 +280,23 @@ class RingQueue:
         return best
 
     def _scan(self) -> RecoveryReport:
-        """Find the end of the valid records after the acknowledged position."""
+        """Find the end of the valid records after the acknowledged position.
+
+        A frame that fails validation where the write hint says no record was ever
+        written is what an earlier lap left past the tail: a clean end, not damage.
+        """
         core = self.core
-        records, corrupt, stop, hint = core.scan()
+        records, failed, stop, hint = core.scan()
         seq = core.next_seq
-        reason = (
-            f"record at position {stop} (sequence {seq}) failed validation"
-            if corrupt
-            else "clean end"
-        )
         plausible = seq <= hint <= seq + core.capacity // FRAME_HEADER_SIZE
         skipped = hint - seq if plausible else 0
-        if skipped and not corrupt:
+        corrupt = failed and (skipped > 0 or not plausible)
+        if corrupt:
+            reason = f"record at position {stop} (sequence {seq}) failed validation"
+        elif skipped:
             reason = f"records {seq}..{hint - 1} were written but are unreadable"
+        else:
+            reason = "clean end"
         return RecoveryReport(records, stop - core.head, skipped, corrupt or skipped > 0, reason)
 
     # ---- writing ---------------------------------------------------------------
