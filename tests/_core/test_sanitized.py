@@ -29,13 +29,11 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# The tests that drive the compiled core. The optional ones are run when they exist.
+# The tests that drive the compiled core.
 CORE_TESTS = (
     "tests/test_envelope.py",
     "tests/spool/test_ring_model.py",
     "tests/spool/test_partitioner.py",
-)
-OPTIONAL_CORE_TESTS = (
     "tests/spool/test_ring_concurrency.py",
     "tests/spool/test_recovery_fuzz.py",
 )
@@ -284,7 +282,7 @@ def test_core_under_sanitizers(tmp_path: Path) -> None:
     )
 
     run_reports = tmp_path / "reports"
-    tests = [*CORE_TESTS, *(test for test in OPTIONAL_CORE_TESTS if (REPO_ROOT / test).exists())]
+    tests = list(CORE_TESTS)
     run = _run(
         [
             sys.executable,
