@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import random
 import resource
@@ -89,6 +90,10 @@ QUICK_EVENTS = 100_000
 WARMUP_EVENTS = 2_000
 FLUSH_TIMEOUT_S = 300.0
 ANCHOR_POLL_EVERY = 1000
+# librdkafka's statistics, for the produce requests each side sends: reported this
+# often, and read after waiting this long, so the count covers every request sent.
+STATISTICS_INTERVAL_MS = 50
+STATISTICS_WAIT_S = 0.2
 SENDER_THREAD_NAME = "eventspool-sender"  # the name Sender gives its thread
 
 
@@ -252,6 +257,12 @@ class CpuWindow:
         self.threads_s = split
 
 
+def produce_requests(text: str) -> int:
+    """Produce requests sent to every broker, from one librdkafka statistics report."""
+    brokers = json.loads(text).get("brokers", {})
+    return sum(int(broker.get("req", {}).get("Produce", 0)) for broker in brokers.values())
+
+
 @dataclass(frozen=True, slots=True)
 class RunResult:
     side: str
@@ -259,6 +270,7 @@ class RunResult:
     window: CpuWindow
     partition_counts: list[int]
     notes: dict[str, object]
+    produce_requests: int
 
     @property
     def rate(self) -> float:
@@ -316,7 +328,11 @@ def run_ours(
     timed: Workload,
 ) -> RunResult:
     create_topic(bootstrap, topic, PARTITIONS)
-    spool = Spool(directory, bootstrap)
+    spool = Spool(
+        directory,
+        bootstrap,
+        sender_settings=SenderSettings(statistics_interval_ms=STATISTICS_INTERVAL_MS),
+    )
     try:
         spool.set_partition_count(topic, PARTITIONS)
         send = spool.send
@@ -329,6 +345,8 @@ def run_ours(
         if sender is None:
             raise RuntimeError("the spool has no sender")
         sender_tid = native_id_of(SENDER_THREAD_NAME)
+        time.sleep(STATISTICS_WAIT_S)
+        requests_before = sender.counters.produce_requests
         gc.collect()
         window = CpuWindow(broker_pid)
         window.start()
@@ -338,6 +356,8 @@ def run_ours(
         window.stop(sender_tid)
         if left:
             raise RuntimeError(f"{left} events of {topic} not acknowledged in time")
+        time.sleep(STATISTICS_WAIT_S)
+        requests = sender.counters.produce_requests - requests_before
         total_counts = ring_counts(spool, topic)
         counters = sender.counters
         delivered = counters.delivered
@@ -355,7 +375,7 @@ def run_ours(
         spool.close(timeout=10.0)
         shutil.rmtree(directory, ignore_errors=True)
     timed_counts = [t - w for t, w in zip(total_counts, warm_counts, strict=True)]
-    return RunResult("ours", len(timed), window, timed_counts, notes)
+    return RunResult("ours", len(timed), window, timed_counts, notes, requests)
 
 
 def ring_counts(spool: Spool, topic: str) -> list[int]:
@@ -374,7 +394,17 @@ def run_anchor(
 ) -> RunResult:
     create_topic(bootstrap, topic, PARTITIONS)
     errors = [0]
-    producer: Any = confluent_kafka.Producer(anchor_config(bootstrap, errors))
+    requests = [0]
+
+    def on_statistics(text: str) -> None:
+        requests[0] = produce_requests(text)
+
+    config = {
+        **anchor_config(bootstrap, errors),
+        "statistics.interval.ms": STATISTICS_INTERVAL_MS,
+        "stats_cb": on_statistics,
+    }
+    producer: Any = confluent_kafka.Producer(config)
     delivered = [0]
     failed = [0]
     warm_counts = [0] * PARTITIONS
@@ -395,12 +425,17 @@ def run_anchor(
         produce_all(producer, topic, warmup, on_warm_delivery)
         if producer.flush(FLUSH_TIMEOUT_S):
             raise RuntimeError(f"anchor warm-up of {topic} not acknowledged in time")
+        time.sleep(STATISTICS_WAIT_S)
+        producer.poll(0)
+        requests_before = requests[0]
         gc.collect()
         window = CpuWindow(broker_pid)
         window.start()
         produce_all(producer, topic, timed, on_delivery)
         left = producer.flush(FLUSH_TIMEOUT_S)
         window.stop()
+        time.sleep(STATISTICS_WAIT_S)
+        producer.poll(0)
         if left:
             raise RuntimeError(f"{left} anchor messages of {topic} not acknowledged in time")
         if delivered[0] != len(timed) or failed[0]:
@@ -418,6 +453,7 @@ def run_anchor(
         window,
         [],
         {"error_cb_calls": errors[0], "warmup_partition_counts": warm_counts},
+        requests[0] - requests_before,
     )
 
 
@@ -470,6 +506,8 @@ class Runs:
         self.add(f"{side}_minor_faults_per_event", window.minor_faults / result.events)
         self.add(f"{side}_gc_s_per_million", result.per_million(window.gc_timer.seconds))
         self.add(f"{side}_gc_gen2_collections", window.gc_timer.collections[2])
+        self.add(f"{side}_produce_requests_per_s", result.produce_requests / window.wall_s)
+        self.add(f"{side}_events_per_produce_request", result.events / result.produce_requests)
 
 
 def check_same_partitions(ours: RunResult, anchor: RunResult) -> None:
@@ -601,6 +639,14 @@ def build_result(
                 anchor_is="the same producer",
                 higher_is_better=False,
             ),
+            figure(
+                "e2e_events_per_produce_request",
+                round(runs.median("ours_events_per_produce_request") or 0.0, 1),
+                round(runs.median("anchor_events_per_produce_request") or 0.0, 1),
+                unit="events per produce request",
+                title="Events per produce request to the broker",
+                anchor_is="the same producer",
+            ),
             *(
                 [
                     _instructions.instruction_figure(
@@ -616,6 +662,8 @@ def build_result(
                 else []
             ),
         ],
+        "ours_produce_requests_per_s": fig("ours_produce_requests_per_s", 1),
+        "anchor_produce_requests_per_s": fig("anchor_produce_requests_per_s", 1),
         "ours_cpu_s_per_million": round(ours_cpu, 3),
         "anchor_cpu_s_per_million": round(anchor_cpu, 3),
         "cpu_ratio": safe_ratio(anchor_cpu, ours_cpu),
@@ -707,11 +755,22 @@ def print_summary(result: dict[str, object]) -> None:
                 parts["librdkafka_threads"],
                 gc_time[side],
                 broker[side],
+                result[f"{side}_produce_requests_per_s"],
             ]
         )
     print("", file=sys.stderr)
     print_table(
-        ["e2e keyed, 12p", "events/s", "CPU s/M", "app", "sender", "librdkafka", "gc", "broker"],
+        [
+            "e2e keyed, 12p",
+            "events/s",
+            "CPU s/M",
+            "app",
+            "sender",
+            "librdkafka",
+            "gc",
+            "broker",
+            "requests/s",
+        ],
         rows,
     )
     print(

@@ -112,6 +112,8 @@ class SenderSettings:
 
     `kafka` is passed to librdkafka as is (security.protocol, sasl.*, ssl.*, ...), after
     our defaults, so anything here wins, except the settings that keep delivery safe.
+    `statistics_interval_ms` (0: off) makes librdkafka report its statistics that often;
+    the sender then counts the produce requests it sent (`SenderCounters`, /metrics).
     """
 
     compression: str = "lz4"
@@ -126,9 +128,14 @@ class SenderSettings:
     new_topic_replication: int = 1
     retry_backoff_s: float = 0.1
     retry_backoff_max_s: float = 5.0
+    statistics_interval_ms: int = 0
     kafka: Mapping[str, KafkaConfigValue] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.statistics_interval_ms < 0:
+            raise ValueError(
+                f"statistics_interval_ms={self.statistics_interval_ms}: must not be negative"
+            )
         if self.compression not in ("lz4", "zstd", "gzip", "snappy", "none"):
             raise ValueError(
                 f"compression={self.compression!r}: use lz4, zstd, gzip, snappy or none"

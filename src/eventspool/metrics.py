@@ -111,6 +111,11 @@ class SpoolCollector(Collector):
                 value=sender.counters.reconnects,
             )
             yield CounterMetricFamily(
+                "eventspool_produce_requests",
+                "Produce requests sent to the brokers (with statistics_interval_ms set).",
+                value=sender.counters.produce_requests,
+            )
+            yield CounterMetricFamily(
                 "eventspool_retried_batches",
                 "Queue rewinds after a transient delivery failure.",
                 value=sender.counters.retried_batches,

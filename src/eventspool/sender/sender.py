@@ -18,6 +18,7 @@ produce() raises stays here.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -72,6 +73,7 @@ class SenderCounters:
     dead_letters: int = 0
     broker_errors: int = 0
     reconnects: int = 0
+    produce_requests: int = 0
     last_error: str | None = None
 
 
@@ -91,8 +93,15 @@ class Sender:
             "bootstrap.servers": bootstrap_servers,
             **settings.kafka,
         }
+        statistics: dict[str, object] = {}
+        if settings.statistics_interval_ms:
+            statistics = {
+                "statistics.interval.ms": settings.statistics_interval_ms,
+                "stats_cb": self._on_statistics,
+            }
         self._producer = Producer(
             {
+                **statistics,
                 "linger.ms": settings.linger_ms,
                 "batch.size": settings.batch_size,
                 "compression.type": settings.compression,
@@ -368,6 +377,13 @@ class Sender:
             state.retry_at = now + state.backoff_s
             self.counters.retried_batches += 1
             self._next_refresh = 0.0
+
+    def _on_statistics(self, text: str) -> None:
+        """Keep the count of produce requests librdkafka has sent to every broker."""
+        brokers = json.loads(text).get("brokers", {})
+        self.counters.produce_requests = sum(
+            int(broker.get("req", {}).get("Produce", 0)) for broker in brokers.values()
+        )
 
     def _on_error(self, error: KafkaError) -> None:
         self.counters.broker_errors += 1
