@@ -105,33 +105,30 @@ def _measured(loop: Callable[[], None]) -> None:
     os.getppid()
 
 
-def _spool_lane(events: int, keyed: bool) -> None:
-    with tempfile.TemporaryDirectory() as directory, Spool(directory) as spool:
-        spool.set_partition_count("ipe", 4)
-        send = spool.send
-        for i in range(WARMUP_EVENTS):
-            send("ipe", PAYLOAD, KEYS[i % 4])
-        keys = [KEYS[i % len(KEYS)] if keyed else None for i in range(events)]
-
-        def loop() -> None:
-            for key in keys:
-                send("ipe", PAYLOAD, key)
-
-        _measured(loop)
-
-
-def _producer_lane(events: int, keyed: bool) -> None:
-    producer = Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0})
-    produce = producer.produce
+def _measure_calls(
+    call: Callable[[str, bytes, bytes | None], object], events: int, keyed: bool
+) -> None:
+    """Warm `call` up, then measure `events` calls of it: the same loop for both sides."""
     for i in range(WARMUP_EVENTS):
-        produce("ipe", PAYLOAD, KEYS[i % 4])
+        call("ipe", PAYLOAD, KEYS[i % 4])
     keys = [KEYS[i % len(KEYS)] if keyed else None for i in range(events)]
 
     def loop() -> None:
         for key in keys:
-            produce("ipe", PAYLOAD, key)
+            call("ipe", PAYLOAD, key)
 
     _measured(loop)
+
+
+def _spool_lane(events: int, keyed: bool) -> None:
+    with tempfile.TemporaryDirectory() as directory, Spool(directory) as spool:
+        spool.set_partition_count("ipe", 4)
+        _measure_calls(spool.send, events, keyed)
+
+
+def _producer_lane(events: int, keyed: bool) -> None:
+    producer = Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0})
+    _measure_calls(producer.produce, events, keyed)
     producer.purge()
 
 
