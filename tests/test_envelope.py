@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import given
 from eventspool.clock import ManualClock
 from eventspool.envelope import Event, EventIdGenerator, decode, encode, normalize_headers
 from eventspool.errors import InvalidEventError
+from eventspool.spool.api import Spool
 
 header_lists = st.lists(
     st.tuples(st.text(max_size=20), st.one_of(st.none(), st.binary(max_size=50))), max_size=5
@@ -95,3 +97,14 @@ def test_headers_accept_mapping_and_pairs_and_reject_bad_shapes() -> None:
         normalize_headers({"a": 1})  # type: ignore[dict-item]
     with pytest.raises(InvalidEventError, match="pair"):
         normalize_headers([("a", b"b", b"c")])  # type: ignore[list-item]
+
+
+def test_a_header_named_event_id_is_refused_not_doubled(tmp_path: Path) -> None:
+    with pytest.raises(InvalidEventError, match="'event_id' is eventspool's own"):
+        normalize_headers({"trace": "t", "event_id": "mine"})
+    with Spool(tmp_path) as spool:
+        spool.set_partition_count("orders", 1)
+        with pytest.raises(InvalidEventError, match="'event_id' is eventspool's own"):
+            spool.send("orders", b"x", headers=[("event_id", b"mine")])
+        assert spool.unacknowledged() == 0
+        assert spool.send("orders", b"x", headers={"Event_Id": b"other case is a header"})

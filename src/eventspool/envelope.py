@@ -30,6 +30,7 @@ from eventspool._core import native
 from eventspool.errors import InvalidEventError
 
 ENVELOPE_VERSION = 1
+EVENT_ID_HEADER = "event_id"
 FIXED_SIZE = struct.calcsize("<BB36sqii")
 _MAX_HEADER_COUNT = 0xFFFF
 _MAX_HEADER_NAME = 0xFFFF
@@ -71,6 +72,11 @@ def normalize_headers(headers: HeadersInput | None) -> HeaderList | None:
         name, value = item
         if not isinstance(name, str):
             raise InvalidEventError(f"header name {name!r} must be a str")
+        if name == EVENT_ID_HEADER:
+            raise InvalidEventError(
+                f"header {EVENT_ID_HEADER!r} is eventspool's own: every event gets one with "
+                "the id send() returns, and Kafka would carry both"
+            )
         try:
             encoded_name = name.encode()
             if isinstance(value, str):

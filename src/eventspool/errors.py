@@ -44,6 +44,13 @@ class QueueFileError(EventspoolError):
         self.reason = reason
 
 
+class DiskFullError(QueueFileError):
+    """A new queue file does not fit on the disk (ENOSPC).
+
+    The queues that exist keep working: only events that need a new queue are refused.
+    """
+
+
 class CorruptQueueError(QueueFileError):
     """The header of a queue file is damaged; the file is left untouched for inspection."""
 

@@ -120,6 +120,7 @@ class Status(IntEnum):
     SHUTTING_DOWN = 6
     UNKNOWN_EXCHANGE = 7
     UNROUTABLE = 8
+    NO_SPACE = 9
 
 
 _FRAME_TYPES = {member.value: member for member in FrameType}

@@ -42,6 +42,7 @@ from eventspool.agent.protocol import (
 from eventspool.agent.quotas import Quotas
 from eventspool.config import Durability, FullPolicy
 from eventspool.errors import (
+    DiskFullError,
     EventTooLargeError,
     InvalidEventError,
     InvalidTopicError,
@@ -382,6 +383,7 @@ def exchange_json(info: ExchangeInfo) -> dict[str, object]:
 
 
 _STATUS_OF_ERROR: tuple[tuple[type[Exception], Status], ...] = (
+    (DiskFullError, Status.NO_SPACE),
     (InvalidTopicError, Status.INVALID_TOPIC),
     (EventTooLargeError, Status.TOO_LARGE),
     (UnknownExchangeError, Status.UNKNOWN_EXCHANGE),
@@ -392,8 +394,34 @@ _STATUS_OF_ERROR: tuple[tuple[type[Exception], Status], ...] = (
 )
 
 
+_DISK_FULL_LOG_EVERY_S = 60.0
+
+
+class _DiskFullLog:
+    """One warning a minute at most while the disk is full, not one per refused event."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+        self._refused = 0
+
+    def refused(self, exc: DiskFullError) -> None:
+        self._refused += 1
+        now = time.monotonic()
+        if now >= self._next:
+            log.warning(
+                "disk full: %s (%d events refused since the last warning)", exc, self._refused
+            )
+            self._refused = 0
+            self._next = now + _DISK_FULL_LOG_EVERY_S
+
+
+_DISK_FULL_LOG = _DiskFullLog()
+
+
 def _failure(exc: Exception, where: str) -> EventResult:
     """The status of a failed send: the first matching class, most specific first."""
+    if isinstance(exc, DiskFullError):
+        _DISK_FULL_LOG.refused(exc)
     for kind, status in _STATUS_OF_ERROR:
         if isinstance(exc, kind):
             return EventResult(status, str(exc))

@@ -57,6 +57,7 @@ class AgentError(EventspoolError):
 
 _ERRORS: Mapping[Status, type[EventspoolError]] = {
     Status.SPOOL_FULL: SpoolFullError,
+    Status.NO_SPACE: SpoolFullError,
     Status.INVALID_TOPIC: InvalidTopicError,
     Status.TOO_LARGE: EventTooLargeError,
     Status.MALFORMED: InvalidEventError,

@@ -69,6 +69,7 @@ from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import Durability, FullPolicy, QueueSettings
 from eventspool.errors import (
     CorruptQueueError,
+    DiskFullError,
     EventTooLargeError,
     InvalidEventError,
     QueueFileError,
@@ -543,9 +544,13 @@ def _create_file(path: Path, capacity: int) -> None:
         try:
             os.posix_fallocate(fd, 0, HEADER_SIZE + capacity)
         except OSError as exc:
-            reason = "no space left on device" if exc.errno == errno.ENOSPC else exc.strerror
+            if exc.errno == errno.ENOSPC:
+                raise DiskFullError(
+                    str(path),
+                    f"cannot reserve {HEADER_SIZE + capacity} bytes: no space left on device",
+                ) from exc
             raise QueueFileError(
-                str(path), f"cannot reserve {HEADER_SIZE + capacity} bytes: {reason}"
+                str(path), f"cannot reserve {HEADER_SIZE + capacity} bytes: {exc.strerror}"
             ) from exc
         static = _STATIC.pack(MAGIC, FORMAT_VERSION, HEADER_SIZE, capacity)
         header = bytearray(HEADER_SIZE)
