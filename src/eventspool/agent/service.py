@@ -2,7 +2,8 @@
 
 SIGTERM or SIGINT: stop accepting, answer the requests in progress, give the sender
 `shutdown_timeout_s` to get in-flight events acknowledged, persist the positions. What
-is not acknowledged by then stays in the spool for the next start.
+is not acknowledged by then stays in the spool for the next start. Under systemd
+(`Type=notify`) the agent reports READY=1 once it listens and STOPPING=1 when it stops.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from eventspool.agent.config import AgentConfig, ConfigError
 from eventspool.agent.quotas import Quotas
 from eventspool.agent.server import AgentServer
+from eventspool.agent.systemd import notify
 from eventspool.errors import EventspoolError
 from eventspool.spool.api import Spool
 
@@ -69,6 +71,7 @@ async def serve(config: AgentConfig, spool: Spool, adopted: Sequence[Path] = ())
         loop.add_signal_handler(signum, stop.set)
     await server.start()
     log.info("agent listening on %s", config.socket_path)
+    notify("READY=1", f"STATUS=listening on {config.socket_path}")
     stop_adopting = threading.Event()
     adopters = [
         threading.Thread(target=adopt, args=(d, config, stop_adopting), name=f"adopt {d}")
@@ -80,6 +83,7 @@ async def serve(config: AgentConfig, spool: Spool, adopted: Sequence[Path] = ())
         await stop.wait()
     finally:
         log.info("agent stopping")
+        notify("STOPPING=1", "STATUS=stopping: answering requests in progress")
         stop_adopting.set()
         await server.stop()
         for thread in adopters:
