@@ -1,11 +1,14 @@
 """The documents' proofs must not rot: docs/semantics.md cites a real test for each
-guarantee, and the README's figures are sections of the benchmark report."""
+guarantee, the README's figures are sections of the benchmark report, and docs/agent.md
+documents every agent.toml key."""
 
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
+
+from eventspool.agent import config as agent_config
 
 REPO = Path(__file__).resolve().parents[1]
 SEMANTICS = REPO / "docs" / "semantics.md"
@@ -74,3 +77,34 @@ def test_the_readme_links_guarantees_that_semantics_has() -> None:
     assert cited, "the README's links to docs/semantics.md are no longer found"
     missing = cited - heading_anchors(SEMANTICS.read_text())
     assert not missing, f"the README links sections of semantics.md that do not exist: {missing}"
+
+
+def test_the_agent_reference_documents_every_agent_toml_key() -> None:
+    """docs/agent.md has a row for each key config.py accepts, under its section's heading,
+    with its environment variable: the keys come from config.py's own tables, so a new key
+    fails here until it is documented."""
+    parts = re.split(r"^#{2,3} (.+)$", (REPO / "docs" / "agent.md").read_text(), flags=re.M)
+    body = dict(zip(parts[1::2], parts[2::2], strict=True))
+    expected: dict[str, list[str]] = {
+        **{f"[{section}]": list(keys) for section, keys in agent_config._SCALARS.items()},
+        **{
+            f"[{section}.{table}]": []
+            for section, tables in agent_config._TABLES.items()
+            for table in tables
+        },
+        "[topics.NAME]": list(agent_config._QUEUE_KEYS),
+        "[exchanges.NAME]": list(agent_config._EXCHANGE_KEYS),
+    }
+    missing = [f"section {heading}" for heading in expected if heading not in body]
+    missing += [
+        f"{heading} {key}"
+        for heading, keys in expected.items()
+        for key in keys
+        if f"| `{key}` |" not in body.get(heading, "")
+    ]
+    missing += [
+        f"{variable} ({section}.{key})"
+        for variable, (section, key) in agent_config._ENV_VARS.items()
+        if f"`{variable}`" not in body.get(f"[{section}]", "")
+    ]
+    assert not missing, f"docs/agent.md does not document: {missing}"
