@@ -5,10 +5,14 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from eventspool.broker import LocalBroker, create_topic
+from eventspool.testing.disk import DiskUnavailableError, SmallDisk
+
+SmallDiskFactory = Callable[[Path, int], SmallDisk]
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +40,24 @@ def topic_factory(broker: LocalBroker, request: pytest.FixtureRequest) -> Callab
         return name
 
     return make
+
+
+@pytest.fixture
+def small_disk() -> Iterator[SmallDiskFactory]:
+    """Make a real tmpfs of a given size at a path (unmounted after the test), or skip.
+
+    Only a real file system gives ENOSPC where posix_fallocate and mmap meet it.
+    """
+    disks: list[SmallDisk] = []
+
+    def make(mountpoint: Path, size_bytes: int) -> SmallDisk:
+        try:
+            disk = SmallDisk(mountpoint, size_bytes)
+        except DiskUnavailableError as exc:
+            pytest.skip(str(exc))
+        disks.append(disk)
+        return disk
+
+    yield make
+    for disk in disks:
+        disk.close()

@@ -17,8 +17,8 @@ from eventspool.agent.protocol import Status
 from eventspool.broker import find_free_port
 from eventspool.client.sync import Client
 from eventspool.testing.agent import AgentProcess
-from eventspool.testing.disk import DiskUnavailableError, SmallDisk
 from tests.agent.conftest import call
+from tests.conftest import SmallDiskFactory
 
 pytestmark = pytest.mark.fault
 
@@ -27,26 +27,22 @@ QUEUES = "[topics.first]\nqueue_bytes = 1048576\n[topics.second]\nqueue_bytes = 
 
 
 @pytest.fixture
-def agent_on_small_disk(tmp_path: Path) -> Iterator[AgentProcess]:
-    try:
-        disk = SmallDisk(tmp_path / "tmpfs", 2 * MIB)
-    except DiskUnavailableError as exc:
-        pytest.skip(str(exc))
+def agent_on_small_disk(tmp_path: Path, small_disk: SmallDiskFactory) -> Iterator[AgentProcess]:
+    disk = small_disk(tmp_path / "tmpfs", 2 * MIB)
     home = tmp_path / "agent"
     home.mkdir()
-    with disk:
-        agent = AgentProcess(
-            home,
-            f"127.0.0.1:{find_free_port()}",
-            QUEUES,
-            spool_dir=disk.path / "spool",
-            max_event_bytes=4096,
-        )
-        agent.start()
-        try:
-            yield agent
-        finally:
-            agent.stop()
+    agent = AgentProcess(
+        home,
+        f"127.0.0.1:{find_free_port()}",
+        QUEUES,
+        spool_dir=disk.path / "spool",
+        max_event_bytes=4096,
+    )
+    agent.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
 
 
 def test_a_full_disk_is_answered_with_no_space_and_existing_queues_go_on(

@@ -15,7 +15,6 @@ import os
 import struct
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from eventspool.envelope import decode
 from eventspool.errors import CorruptQueueError, QueueFileError
 from eventspool.spool.api import Spool
 from eventspool.spool.ring import HEADER_SIZE, RingQueue, frame_size
-from eventspool.testing.disk import DiskUnavailableError, SmallDisk
+from tests.conftest import SmallDiskFactory
 
 pytestmark = pytest.mark.fault
 
@@ -509,14 +508,9 @@ def test_new_topic_on_a_full_disk_fails_cleanly(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+def small_tmpfs(tmp_path: Path, small_disk: SmallDiskFactory) -> Path:
     """A real 2 MiB tmpfs, where posix_fallocate fails with ENOSPC."""
-    try:
-        disk = SmallDisk(tmp_path / "tmpfs", 2 * 1024 * 1024)
-    except DiskUnavailableError as exc:
-        pytest.skip(str(exc))
-    with disk:
-        yield disk.path
+    return small_disk(tmp_path / "tmpfs", 2 * 1024 * 1024).path
 
 
 def test_new_topic_on_a_full_tmpfs_fails_cleanly(small_tmpfs: Path) -> None:

@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from eventspool.testing.disk import DiskUnavailableError, SmallDisk
+from eventspool.testing.disk import SmallDisk
+from tests.conftest import SmallDiskFactory
 
 MIB = 1024 * 1024
 
 
 @pytest.fixture
-def disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    try:
-        small = SmallDisk(tmp_path / "disk", 4 * MIB)
-    except DiskUnavailableError as exc:
-        pytest.skip(str(exc))
-    with small:
-        yield small
+def disk(tmp_path: Path, small_disk: SmallDiskFactory) -> SmallDisk:
+    return small_disk(tmp_path / "disk", 4 * MIB)
 
 
 def _preallocate(path: Path, size: int) -> None:
