@@ -142,6 +142,12 @@ static inline uint16_t es_get_u16(const char *p) { uint16_t v; memcpy(&v, p, 2);
 static inline uint32_t es_get_u32(const char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint64_t es_get_u64(const char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
+/* The agent's wire protocol is big endian, as Kafka's is. */
+static inline void es_put_be16(char *p, uint16_t v) { v = __builtin_bswap16(v); memcpy(p, &v, 2); }
+static inline void es_put_be32(char *p, uint32_t v) { v = __builtin_bswap32(v); memcpy(p, &v, 4); }
+static inline uint16_t es_get_be16(const char *p) { uint16_t v; memcpy(&v, p, 2); return __builtin_bswap16(v); }
+static inline uint32_t es_get_be32(const char *p) { uint32_t v; memcpy(&v, p, 4); return __builtin_bswap32(v); }
+
 /* The commit of a record: its length word, stored after everything it covers. */
 static inline void es_publish_u32(char *p, uint32_t v) {
     __atomic_store_n((uint32_t *)p, v, __ATOMIC_RELEASE);

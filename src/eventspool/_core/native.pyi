@@ -134,6 +134,15 @@ class SpoolFront:
         routing_key: str,
     ) -> str: ...
 
+MAX_EVENTS_PER_SEND_COMPILED: int
+
+def intake_send(
+    front: SpoolFront,
+    request_id: int,
+    body: bytes,
+    fallback: Callable[[str, bytes | None, bytes | None], tuple[int, bytes]],
+) -> tuple[bytes, int] | None: ...
+
 class AckTracker:
     acked_until: int
     in_flight: int

@@ -6,7 +6,8 @@ The Python modules above it keep policy: configuration, errors and their wording
 retries, routing decisions and metrics. What is here frames records into the ring files
 (ring.pxi), builds and parses envelopes (envelope.pxi), makes event ids (ids.pxi),
 hashes keys and picks partitions (route.pxi), and feeds drained batches to librdkafka
-and accounts their delivery reports (delivery.pxi). The formats are written out at the top of
+and accounts their delivery reports (delivery.pxi); it also writes the agent's SEND frames
+straight into the rings (intake.pxi). The formats are written out at the top of
 eventspool/spool/ring.py and eventspool/envelope.py; the golden-bytes tests check this
 code against them, not against itself.
 
@@ -52,6 +53,10 @@ cdef extern from "bytes_util.h":
     uint32_t es_get_u32(const char *p) nogil
     uint64_t es_get_u64(const char *p) nogil
     void es_publish_u32(char *p, uint32_t v) nogil
+    void es_put_be16(char *p, uint16_t v) nogil
+    void es_put_be32(char *p, uint32_t v) nogil
+    uint16_t es_get_be16(const char *p) nogil
+    uint32_t es_get_be32(const char *p) nogil
 
 
 es_crc_init()
@@ -135,3 +140,4 @@ include "ids.pxi"
 include "ring.pxi"
 include "route.pxi"
 include "delivery.pxi"
+include "intake.pxi"

@@ -301,18 +301,24 @@ cdef class RingCore:
         Gives up (APPEND_FULL) rather than wait or fail whenever Python has a policy to
         apply: a full ring that may not drop, a busy lock, a closed or fsync ring.
         """
-        cdef Py_ssize_t length = _envelope_size(klen, vlen, -1)
-        cdef int64_t phys, seq
-        if not self._fast or <uint64_t>length > self.max_payload:
-            return -1
+        cdef int64_t seq
         if not self._try_acquire():
             return -1
-        if self.closed:
-            self._release()
+        seq = self.write_envelope_locked(event_id, now, key, klen, value, vlen)
+        self._release()
+        return seq
+
+    cdef int64_t write_envelope_locked(
+        self, const char *event_id, int64_t now,
+        const char *key, Py_ssize_t klen, const char *value, Py_ssize_t vlen,
+    ) noexcept:
+        """`write_envelope` for a caller that holds the lock across several events."""
+        cdef Py_ssize_t length = _envelope_size(klen, vlen, -1)
+        cdef int64_t phys, seq
+        if not self._fast or <uint64_t>length > self.max_payload or self.closed:
             return -1
         phys = self._reserve(_frame_size(length), now)
         if phys < 0:
-            self._release()
             return -1
         seq = self.next_seq
         if length >= NOGIL_BYTES:
@@ -322,7 +328,6 @@ cdef class RingCore:
         else:
             _put_envelope(self._area + phys + FRAME_HEADER, event_id, now, key, klen, value, vlen, NULL, -1)
             self._seal(phys, <uint32_t>length, now)
-        self._release()
         return seq
 
     def append(self, bytes payload not None, int64_t timestamp_ms) -> int:

@@ -518,7 +518,7 @@ def encode_send_result(request_id: int, results: Sequence[EventResult]) -> bytes
         raise ProtocolError(f"{len(results)} results; at most {_MAX_U32} fit in one frame")
     parts = [b"", _U32.pack(len(results))]
     for result in results:
-        raw = _encode_text(result.text)
+        raw = encode_text(result.text)
         parts.append(_STATUS_TEXT.pack(result.status, len(raw)))
         parts.append(raw)
     body_length = sum(len(part) for part in parts)
@@ -548,7 +548,7 @@ def decode_send_result(body: bytes) -> list[EventResult]:
 
 def encode_error(request_id: int, status: Status, text: str) -> bytes:
     """A whole ERROR frame; request id 0 when the failing request's id is unknown."""
-    raw = _encode_text(text)
+    raw = encode_text(text)
     body = _STATUS_TEXT.pack(status, len(raw)) + raw
     return encode_frame(FrameType.ERROR, request_id, body)
 
@@ -572,7 +572,7 @@ def _read_result(body: bytes, pos: int, what: str) -> tuple[EventResult, int]:
     return EventResult(status, text), pos
 
 
-def _encode_text(text: str) -> bytes:
+def encode_text(text: str) -> bytes:
     """UTF-8, cut at a character boundary to fit a u16 length: error texts never fail."""
     raw = text.encode("utf-8", "backslashreplace")
     if len(raw) <= _MAX_TEXT:

@@ -1,11 +1,20 @@
-"""The agent's unix-socket server: frames in, durable enqueue, per-event statuses out.
+"""The agent's socket server: frames in, durable enqueue, answers out by request id.
 
-Each connection is served by one task that reads, answers and only then reads on
-(`drain()` between rounds): a client that never reads its responses stalls itself, not
-the agent, and its memory is bounded by the socket buffers plus one frame. A frame
-that takes longer than `frame_timeout_s` to arrive (a slowloris) closes its connection.
-Sends run in a small thread pool, so an fsync or a blocking queue never stops the
-event loop, and are answered only after `Spool.send()` returned for every event.
+A connection carries many requests at once (pipelining); each is answered by its
+request id as soon as its events are on disk, so answers may come out of order. Every
+read parses all the whole frames it completed. A SEND to a topic whose queue never
+waits (durability `process`, full policy not `block`) is written into the rings on the
+event loop itself, through the compiled intake, and answered in the same turn: the
+answers of one read go out in one write. A request that may wait (`fsync`, `block`)
+runs in a small thread pool, queued behind the earlier requests for the same topic on
+the same connection so their order holds; it never holds back other topics or other
+connections.
+
+Memory per connection stays bounded: reading pauses while the client does not read its
+answers (the transport's write buffer is over its limit), while too many of its
+requests wait for the pool, and while it is over its quota. A frame that takes longer
+than `frame_timeout_s` to arrive (a slowloris) closes its connection, and so does a
+connection that says nothing for as long.
 """
 
 from __future__ import annotations
@@ -18,10 +27,12 @@ import os
 import socket
 import struct
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+from eventspool._core.native import intake_send
 from eventspool.agent.http import HttpHandlers, looks_like_http, serve_http
 from eventspool.agent.protocol import (
     DEFAULT_MAX_FRAME,
@@ -33,11 +44,13 @@ from eventspool.agent.protocol import (
     PublishRequest,
     SendRequest,
     Status,
+    WireEvent,
     decode_publish,
     decode_send,
     encode_error,
     encode_frame,
     encode_send_result,
+    encode_text,
 )
 from eventspool.agent.quotas import Quotas
 from eventspool.config import Durability, FullPolicy
@@ -61,6 +74,12 @@ log = logging.getLogger(__name__)
 _READ_SIZE = 256 * 1024
 _SEND_THREADS = 4
 _INLINE_MAX_EVENTS = 64
+# Requests of one connection waiting for the thread pool before its reading pauses.
+_MAX_WAITING_REQUESTS = 256
+_TOPIC_CACHE_MAX = 10_000
+
+# What a request is answered with, and the key and value bytes it spooled (for quotas).
+_Answer = tuple[bytes, int]
 
 
 class AgentServer:
@@ -80,11 +99,13 @@ class AgentServer:
         self.socket_mode = socket_mode
         self.max_frame = max_frame
         self.frame_timeout_s = frame_timeout_s
-        self._executor = ThreadPoolExecutor(_SEND_THREADS, thread_name_prefix="eventspool-send")
+        self.executor = ThreadPoolExecutor(_SEND_THREADS, thread_name_prefix="eventspool-send")
         self.quotas = quotas or Quotas(None, {})
         self.tcp_listen = tcp_listen
         self._servers: list[asyncio.AbstractServer] = []
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: set[_FrameConnection] = set()
+        self._http_tasks: set[asyncio.Task[None]] = set()
+        self._topic_waits: dict[str, bool] = {}
         self.accepting = True
         self.protocol_errors = 0
 
@@ -110,10 +131,11 @@ class AgentServer:
         """Listen on the socket path; a stale socket file of a dead agent is replaced."""
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)
+        loop = asyncio.get_running_loop()
         old_umask = os.umask(0o777 & ~self.socket_mode)
         try:
-            unix = await asyncio.start_unix_server(
-                self._serve, path=str(self.socket_path), limit=_READ_SIZE
+            unix = await loop.create_unix_server(
+                lambda: _FrameConnection(self), path=str(self.socket_path)
             )
         finally:
             os.umask(old_umask)
@@ -122,7 +144,7 @@ class AgentServer:
         if self.tcp_listen is not None:
             host, port = self.tcp_listen
             self._servers.append(
-                await asyncio.start_server(self._serve, host, port, limit=_READ_SIZE)
+                await loop.create_server(lambda: _FrameConnection(self), host, port)
             )
 
     async def stop(self) -> None:
@@ -130,50 +152,47 @@ class AgentServer:
         self.accepting = False
         for server in self._servers:
             server.close()
-            await server.wait_closed()
-        for task in list(self._connections):
+        await asyncio.gather(*(connection.finish() for connection in list(self._connections)))
+        for task in list(self._http_tasks):
             task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
-        self._executor.shutdown(wait=True)
+        await asyncio.gather(*self._http_tasks, return_exceptions=True)
+        for server in self._servers:
+            await server.wait_closed()
+        self.executor.shutdown(wait=True)
         self.socket_path.unlink(missing_ok=True)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        client = _client_name(writer)
-        try:
-            await self._serve_connection(reader, writer, client)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            log.exception("connection failed; closing it")
-        finally:
-            self._connections.discard(task)
-            self.quotas.forget(client)
-            writer.close()
+    def serve_http(
+        self,
+        first: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        client: str,
+    ) -> None:
+        """Serve a connection whose first bytes were an HTTP request, in a task of its own."""
+        handlers = HttpHandlers(
+            send=functools.partial(self.send, client=client),
+            metrics=self.metrics,
+            health=self.health,
+            exchanges=self.list_exchanges,
+            exchange=self.get_exchange,
+            declare=self.declare_exchange,
+            delete=self.delete_exchange,
+        )
+        task = asyncio.get_running_loop().create_task(
+            self._serve_http(first, reader, writer, handlers, client)
+        )
+        self._http_tasks.add(task)
+        task.add_done_callback(self._http_tasks.discard)
 
-    async def _serve_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str
+    async def _serve_http(
+        self,
+        first: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        handlers: HttpHandlers,
+        client: str,
     ) -> None:
         try:
-            first = await asyncio.wait_for(reader.read(_READ_SIZE), self.frame_timeout_s)
-        except TimeoutError:
-            return  # a connection that never says anything only holds a descriptor
-        if not first:
-            return
-        if looks_like_http(first):
-            handlers = HttpHandlers(
-                send=functools.partial(self.send, client=client),
-                metrics=self.metrics,
-                health=self.health,
-                exchanges=self.list_exchanges,
-                exchange=self.get_exchange,
-                declare=self.declare_exchange,
-                delete=self.delete_exchange,
-            )
             await serve_http(
                 first,
                 reader,
@@ -182,60 +201,63 @@ class AgentServer:
                 max_body=self.max_frame,
                 request_timeout_s=self.frame_timeout_s,
             )
-        else:
-            await self._serve_frames(first, reader, writer, client)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("connection failed; closing it")
+        finally:
+            self.quotas.forget(client)
+            writer.close()
 
-    async def _serve_frames(
-        self,
-        first: bytes,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        client: str,
-    ) -> None:
-        decoder = FrameDecoder(self.max_frame)
-        frame_started: float | None = None
-        data = first
-        while True:
-            try:
-                frames = decoder.feed(data)
-            except ProtocolError as exc:
-                self.protocol_errors += 1
-                writer.write(encode_error(0, Status.MALFORMED, str(exc)))
-                await writer.drain()
-                return
-            for frame in frames:
-                writer.write(await self._answer(frame, client))
-            if decoder.buffered:
-                if frame_started is None or frames:
-                    frame_started = time.monotonic()
-            else:
-                frame_started = None
-            await writer.drain()
-            timeout = None
-            if frame_started is not None:
-                timeout = frame_started + self.frame_timeout_s - time.monotonic()
-                if timeout <= 0:
-                    self.protocol_errors += 1
-                    return
-            try:
-                data = await asyncio.wait_for(reader.read(_READ_SIZE), timeout)
-            except TimeoutError:
-                self.protocol_errors += 1
-                return
-            if not data:
-                return
+    # ---- requests of the binary protocol ------------------------------------------------
 
-    async def _answer(self, frame: Frame, client: str) -> bytes:
-        if frame.type is FrameType.PING:
+    def answer_now(self, frame: Frame) -> bytes | None:
+        """The answer of a request that never waits; None when it must go to the pool."""
+        frame_type = frame.type
+        if frame_type is FrameType.PING:
             return encode_frame(FrameType.PONG, frame.request_id, frame.body)
-        if frame.type is FrameType.STATS:
+        if frame_type is FrameType.STATS:
             body = json.dumps(self.stats()).encode()
             return encode_frame(FrameType.STATS_RESULT, frame.request_id, body)
-        if frame.type is not FrameType.SEND and frame.type is not FrameType.PUBLISH:
-            self.protocol_errors += 1
-            return encode_error(
-                frame.request_id, Status.MALFORMED, f"{frame.type.name} is not a request"
-            )
+        self.protocol_errors += 1
+        return encode_error(
+            frame.request_id, Status.MALFORMED, f"{frame_type.name} is not a request"
+        )
+
+    def queue_of(self, frame: Frame) -> str | None:
+        """Which pool queue a SEND or PUBLISH waits in; None when it is answered at once.
+
+        Requests that may wait (for an `fsync` or a `block` topic, or an exchange that
+        reaches one) are queued per topic or exchange.
+        """
+        name = _target_name(frame.body)
+        if name is None:
+            return None  # undecodable: refused at once
+        if frame.type is FrameType.SEND:
+            waits = self._topic_waits.get(name)
+            if waits is None:
+                waits = self._topic_may_wait(name)
+                if len(self._topic_waits) < _TOPIC_CACHE_MAX:
+                    self._topic_waits[name] = waits
+            return f"topic {name}" if waits else None
+        try:
+            topics = self.spool.exchange(name).exchange.topics()
+        except UnknownExchangeError:
+            return None  # refused at once
+        if any(self._topic_may_wait(topic) for topic in topics):
+            return f"exchange {name}"
+        return None
+
+    def _topic_may_wait(self, topic: str) -> bool:
+        queue = self.spool.settings.for_topic(topic)
+        return queue.durability is not Durability.PROCESS or queue.full_policy is FullPolicy.BLOCK
+
+    def spool_request(self, frame: Frame) -> _Answer:
+        """Spool a SEND or PUBLISH; its answer, whatever happens to its events."""
+        if frame.type is FrameType.SEND and self.accepting:
+            compiled = intake_send(self.spool, frame.request_id, frame.body, self._send_one)
+            if compiled is not None:
+                return compiled
         try:
             request = (
                 decode_send(frame.body)
@@ -244,37 +266,41 @@ class AgentServer:
             )
         except ProtocolError as exc:
             self.protocol_errors += 1
-            return encode_error(frame.request_id, Status.MALFORMED, str(exc))
-        return encode_send_result(frame.request_id, await self.send(request, client))
+            return encode_error(frame.request_id, Status.MALFORMED, str(exc)), 0
+        results = self.results(request)
+        return encode_send_result(frame.request_id, results), _accepted_bytes(request, results)
 
-    async def send(self, request: SendRequest | PublishRequest, client: str) -> list[EventResult]:
-        """Spool a request's events off the event loop; shared by both interfaces.
+    def _send_one(self, topic: str, value: bytes | None, key: bytes | None) -> tuple[int, bytes]:
+        """The compiled intake's fallback: the Python policy for one event."""
+        try:
+            event_id = self.spool.send(topic, value, key)
+        except Exception as exc:
+            result = _failure(exc, f"topic {topic!r}")
+            return result.status, encode_text(result.text)
+        return Status.OK, event_id.encode()
 
-        A client or topic over its quota gets its answer late, never a refusal. Topic
-        quotas apply to SEND; a PUBLISH counts against the client's quota only.
-        """
+    def results(self, request: SendRequest | PublishRequest) -> list[EventResult]:
+        """Each event's outcome: spooled, or refused because the agent is stopping."""
         if not self.accepting:
             return [EventResult(Status.SHUTTING_DOWN, "agent is shutting down")] * len(
                 request.events
             )
+        return self._send_all(request)
+
+    async def send(self, request: SendRequest | PublishRequest, client: str) -> list[EventResult]:
+        """Spool an HTTP request's events, off the event loop when they may wait.
+
+        A client or topic over its quota gets its answer late, never a refusal. Topic
+        quotas apply to SEND; a PUBLISH counts against the client's quota only.
+        """
         if self._may_send_inline(request):
-            results = self._send_all(request)
+            results = self.results(request)
         else:
             loop = asyncio.get_running_loop()
-            results = await loop.run_in_executor(self._executor, self._send_all, request)
+            results = await loop.run_in_executor(self.executor, self.results, request)
         if self.quotas.enabled:
-            events = (
-                request.events
-                if isinstance(request, SendRequest)
-                else [routed.event for routed in request.events]
-            )
-            size = sum(
-                len(event.value or b"") + len(event.key or b"")
-                for event, result in zip(events, results, strict=True)
-                if result.ok
-            )
             topic = request.topic if isinstance(request, SendRequest) else None
-            delay = self.quotas.record(client, topic, size)
+            delay = self.quotas.record(client, topic, _accepted_bytes(request, results))
             if delay > 0:
                 await asyncio.sleep(delay)
         return results
@@ -364,11 +390,11 @@ class AgentServer:
     async def declare_exchange(self, exchange: Exchange) -> bool:
         """Off the event loop: the declaration is fsynced before it takes effect."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.spool.declare_exchange, exchange)
+        return await loop.run_in_executor(self.executor, self.spool.declare_exchange, exchange)
 
     async def delete_exchange(self, name: str) -> None:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self.spool.delete_exchange, name)
+        await loop.run_in_executor(self.executor, self.spool.delete_exchange, name)
 
 
 def exchange_json(info: ExchangeInfo) -> dict[str, object]:
@@ -432,11 +458,263 @@ def _failure(exc: Exception, where: str) -> EventResult:
 _PEER_CREDENTIALS = struct.Struct("3i")
 
 
-def _client_name(writer: asyncio.StreamWriter) -> str:
+def _client_name(transport: asyncio.BaseTransport) -> str:
     """Who is on the other end, for quotas: the peer's pid on a unix socket, else its address."""
-    sock = writer.get_extra_info("socket")
+    sock = transport.get_extra_info("socket")
     if sock is not None and sock.family == socket.AF_UNIX:
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER_CREDENTIALS.size)
         pid, uid, _ = _PEER_CREDENTIALS.unpack(raw)
         return f"pid {pid} (uid {uid})"
-    return str(writer.get_extra_info("peername"))
+    return str(transport.get_extra_info("peername"))
+
+
+def _target_name(body: bytes) -> str | None:
+    """The topic of a SEND body, or the exchange of a PUBLISH; None if it does not decode."""
+    end = 2 + int.from_bytes(body[:2], "big")
+    if len(body) < end:
+        return None
+    try:
+        return body[2:end].decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _accepted_bytes(request: SendRequest | PublishRequest, results: list[EventResult]) -> int:
+    """The key and value bytes a request spooled: what quotas count."""
+    events: list[WireEvent] = (
+        request.events
+        if isinstance(request, SendRequest)
+        else [routed.event for routed in request.events]
+    )
+    return sum(
+        len(event.value or b"") + len(event.key or b"")
+        for event, result in zip(events, results, strict=True)
+        if result.ok
+    )
+
+
+class _FrameConnection(asyncio.Protocol):
+    """One client connection: HTTP (handed to a stream task) or pipelined binary frames."""
+
+    def __init__(self, server: AgentServer) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.client = ""
+        self.decoder = FrameDecoder(server.max_frame)
+        self.started = False
+        self.closing = False
+        self.eof = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.partial_since = 0.0
+        # Requests waiting for the pool, per topic or exchange, the running one first.
+        self.queues: dict[str, deque[Frame]] = {}
+        self.waiting = 0
+        self.paused: set[str] = set()
+        self.quota_until = 0.0
+        self.drained: asyncio.Future[None] | None = None
+
+    # ---- transport callbacks ----------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.client = _client_name(transport)
+        self.server._connections.add(self)
+        self.timer = self.loop.call_later(self.server.frame_timeout_s, self._silent)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.server._connections.discard(self)
+        self.server.quotas.forget(self.client)
+        self._settle_drained()
+
+    def eof_received(self) -> bool:
+        """Answer what was asked before the client's EOF, then close."""
+        self.eof = True
+        return bool(self.waiting)
+
+    def pause_writing(self) -> None:
+        self._pause("writing")
+
+    def resume_writing(self) -> None:
+        self._resume("writing")
+
+    def data_received(self, data: bytes) -> None:
+        transport = self.transport
+        assert transport is not None
+        if not self.started:
+            self.started = True
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            if looks_like_http(data):
+                self._hand_to_http(transport, data)
+                return
+        if self.closing:
+            return
+        try:
+            frames = self.decoder.feed(data)
+        except ProtocolError as exc:
+            self.server.protocol_errors += 1
+            self._close_after(encode_error(0, Status.MALFORMED, str(exc)))
+            return
+        answers = []
+        for frame in frames:
+            answer = self._answer(frame)
+            if answer is not None:
+                answers.append(answer)
+        if answers:
+            transport.write(b"".join(answers))
+        if self.decoder.buffered:
+            if frames or self.timer is None:
+                self.partial_since = self.loop.time()
+            if self.timer is None:
+                self.timer = self.loop.call_later(self.server.frame_timeout_s, self._slow_frame)
+        elif self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    # ---- requests ---------------------------------------------------------------------
+
+    def _answer(self, frame: Frame) -> bytes | None:
+        """The answer to write now, or None when it comes later (pool, quota delay)."""
+        server = self.server
+        if frame.type is not FrameType.SEND and frame.type is not FrameType.PUBLISH:
+            return server.answer_now(frame)
+        queue = server.queue_of(frame)
+        if queue is not None:
+            self._enqueue(queue, frame)
+            return None
+        answer, accepted = server.spool_request(frame)
+        return self._after_quota(frame, answer, accepted)
+
+    def _after_quota(self, frame: Frame, answer: bytes, accepted: int) -> bytes | None:
+        """A client or topic over its quota gets its answer late and is read no further."""
+        quotas = self.server.quotas
+        if not quotas.enabled or not accepted:
+            return answer
+        topic = _target_name(frame.body) if frame.type is FrameType.SEND else None
+        delay = quotas.record(self.client, topic, accepted)
+        if delay <= 0:
+            return answer
+        self.loop.call_later(delay, self._write, answer)
+        until = self.loop.time() + delay
+        if until > self.quota_until:
+            self.quota_until = until
+            self._pause("quota")
+            self.loop.call_at(until, self._quota_over, until)
+        return None
+
+    def _quota_over(self, until: float) -> None:
+        if until == self.quota_until:
+            self._resume("quota")
+
+    def _enqueue(self, queue: str, frame: Frame) -> None:
+        self.waiting += 1
+        if self.waiting >= _MAX_WAITING_REQUESTS:
+            self._pause("backlog")
+        waiting = self.queues.get(queue)
+        if waiting is not None:
+            waiting.append(frame)
+            return
+        self.queues[queue] = deque((frame,))
+        self._run(queue, frame)
+
+    def _run(self, queue: str, frame: Frame) -> None:
+        future = self.loop.run_in_executor(self.server.executor, self.server.spool_request, frame)
+        future.add_done_callback(functools.partial(self._ran, queue))
+
+    def _ran(self, queue: str, future: asyncio.Future[_Answer]) -> None:
+        waiting = self.queues[queue]
+        frame = waiting.popleft()
+        self.waiting -= 1
+        if self.waiting < _MAX_WAITING_REQUESTS // 2:
+            self._resume("backlog")
+        try:
+            answer, accepted = future.result()
+        except Exception as exc:
+            log.exception("request %d failed", frame.request_id)
+            answer, accepted = encode_error(frame.request_id, Status.INTERNAL, str(exc)), 0
+        late = self._after_quota(frame, answer, accepted)
+        if late is not None:
+            self._write(late)
+        if waiting and not self.closing:
+            self._run(queue, waiting[0])
+            return
+        del self.queues[queue]
+        if not self.queues:
+            if self.eof and self.transport is not None:
+                self.transport.close()
+            self._settle_drained()
+
+    # ---- the connection's state -------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _pause(self, reason: str) -> None:
+        if not self.paused and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self.paused.add(reason)
+
+    def _resume(self, reason: str) -> None:
+        if reason not in self.paused:
+            return
+        self.paused.discard(reason)
+        if not self.paused and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _close_after(self, last: bytes) -> None:
+        """Write a last answer and close: the stream can no longer be trusted."""
+        self.closing = True
+        if self.transport is not None:
+            self.transport.write(last)
+            self.transport.close()
+
+    def _silent(self) -> None:
+        """A connection that never says anything only holds a descriptor."""
+        self.timer = None
+        if not self.started and self.transport is not None:
+            self.closing = True
+            self.transport.close()
+
+    def _slow_frame(self) -> None:
+        """Close a connection whose frame has been arriving for longer than the timeout."""
+        self.timer = None
+        if not self.decoder.buffered or self.closing:
+            return
+        left = self.partial_since + self.server.frame_timeout_s - self.loop.time()
+        if left > 0:
+            self.timer = self.loop.call_later(left, self._slow_frame)
+            return
+        self.server.protocol_errors += 1
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def _hand_to_http(self, transport: asyncio.Transport, first: bytes) -> None:
+        self.server._connections.discard(self)
+        reader = asyncio.StreamReader(limit=_READ_SIZE, loop=self.loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=self.loop)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        writer = asyncio.StreamWriter(transport, protocol, reader, self.loop)
+        self.server.serve_http(first, reader, writer, self.client)
+
+    async def finish(self) -> None:
+        """For the agent's stop: let the requests in the pool be answered, then close."""
+        if self.queues and not self.closing:
+            self.drained = self.loop.create_future()
+            await self.drained
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def _settle_drained(self) -> None:
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)

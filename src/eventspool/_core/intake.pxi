@@ -1,0 +1,200 @@
+# The agent's intake: one SEND frame parsed and written into the rings in one call.
+# Included by native.pyx. The frame format is written out in eventspool/agent/protocol.py.
+
+cdef enum:
+    SEND_MAX_EVENTS = 10000  # protocol.MAX_EVENTS_PER_SEND
+    WIRE_KEY = 1
+    WIRE_VALUE = 2
+    WIRE_HEADERS = 4
+    RESULT_FRAME_HEADER = 9
+    OK_RESULT_SIZE = 3 + ID_LEN
+    # A ring is held across at most this many events of one frame, so the sender,
+    # which acknowledges under the same lock, never waits long behind a large frame.
+    HELD_RUN_MAX = 256
+
+MAX_EVENTS_PER_SEND_COMPILED = SEND_MAX_EVENTS
+
+
+cdef Py_ssize_t _scan_send(const char *p, Py_ssize_t size, uint32_t *count) noexcept:
+    """Where a SEND body's events start, or -1 when Python must judge the body.
+
+    -1 for anything the compiled intake leaves to the Python decoder: a body that does
+    not parse (the decoder names the fault), and events with headers (whose names it
+    checks as UTF-8 and whose policy it owns).
+    """
+    cdef Py_ssize_t pos, start
+    cdef uint32_t n, i, length
+    cdef uint8_t flags
+    if size < 2:
+        return -1
+    pos = 2 + <Py_ssize_t>es_get_be16(p)
+    if size - pos < 4:
+        return -1
+    n = es_get_be32(p + pos)
+    pos += 4
+    if n > SEND_MAX_EVENTS or <Py_ssize_t>n > size - pos:
+        return -1
+    start = pos
+    for i in range(n):
+        if pos >= size:
+            return -1
+        flags = <uint8_t>p[pos]
+        pos += 1
+        if flags & ~(WIRE_KEY | WIRE_VALUE):
+            return -1
+        if flags & WIRE_KEY:
+            if size - pos < 4:
+                return -1
+            length = es_get_be32(p + pos)
+            pos += 4
+            if <Py_ssize_t>length > size - pos:
+                return -1
+            pos += length
+        if flags & WIRE_VALUE:
+            if size - pos < 4:
+                return -1
+            length = es_get_be32(p + pos)
+            pos += 4
+            if <Py_ssize_t>length > size - pos:
+                return -1
+            pos += length
+    if pos != size:
+        return -1
+    count[0] = n
+    return start
+
+
+cdef class _ResultBuffer:
+    """A SEND_RESULT frame being built: mostly OK results of one size, some texts."""
+
+    cdef bytearray data
+    cdef Py_ssize_t used
+
+    def __cinit__(self, Py_ssize_t expected):
+        self.data = bytearray(expected)
+        self.used = 0
+
+    cdef char *reserve(self, Py_ssize_t size) except NULL:
+        cdef Py_ssize_t have = len(self.data)
+        if self.used + size > have:
+            self.data.extend(bytes(max(size, have)))
+        return <char *>self.data + self.used
+
+    cdef int put_ok(self, const char *event_id) except -1:
+        cdef char *out = self.reserve(OK_RESULT_SIZE)
+        out[0] = 0
+        es_put_be16(out + 1, ID_LEN)
+        memcpy(out + 3, event_id, ID_LEN)
+        self.used += OK_RESULT_SIZE
+        return 0
+
+    cdef int put_text(self, int status, bytes text) except -1:
+        cdef Py_ssize_t length = PyBytes_GET_SIZE(text)
+        cdef char *out = self.reserve(3 + length)
+        out[0] = <char>status
+        es_put_be16(out + 1, <uint16_t>length)
+        memcpy(out + 3, PyBytes_AS_STRING(text), length)
+        self.used += 3 + length
+        return 0
+
+    cdef bytes frame(self, uint32_t request_id, uint32_t count):
+        cdef char *out = <char *>self.data
+        es_put_be32(out, <uint32_t>(self.used - 4))
+        out[4] = <char>0x81
+        es_put_be32(out + 5, request_id)
+        es_put_be32(out + RESULT_FRAME_HEADER, count)
+        return PyBytes_FromStringAndSize(out, self.used)
+
+
+def intake_send(SpoolFront front not None, uint32_t request_id, bytes body not None, fallback):
+    """Spool every event of a SEND body: (SEND_RESULT frame, bytes accepted), or None.
+
+    None leaves the whole frame to the Python decoder: the body does not parse, or its
+    events carry headers. Nothing has been written then. Otherwise each event is framed
+    straight from the request into its ring, holding a ring's lock across consecutive
+    events for it; an event the compiled path may not write (topic not open yet, ring
+    full, busy, closed or fsync, event too large) goes to `fallback(topic, value, key)`,
+    the Python policy, which answers (status, UTF-8 text). `bytes accepted` counts the
+    keys and values spooled, for quotas.
+    """
+    cdef const char *p = PyBytes_AS_STRING(body)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(body), pos, klen, vlen
+    cdef uint32_t count = 0, i
+    cdef uint8_t flags
+    cdef const char *k
+    cdef const char *v
+    cdef const char *event_id
+    cdef int64_t now, accepted = 0
+    cdef int run = 0, partition
+    cdef TopicRoute route = None
+    cdef RingCore held = None
+    cdef RingCore ring
+    cdef _ResultBuffer out
+    pos = _scan_send(p, size, &count)
+    if pos < 0:
+        return None
+    try:
+        topic = PyUnicode_DecodeUTF8(p + 2, es_get_be16(p), NULL)
+    except UnicodeDecodeError:
+        return None
+    out = _ResultBuffer(RESULT_FRAME_HEADER + 4 + <Py_ssize_t>count * OK_RESULT_SIZE)
+    out.used = RESULT_FRAME_HEADER + 4
+    found = front._routes.get(topic)
+    if found is not None:
+        route = <TopicRoute>found
+    try:
+        for i in range(count):
+            flags = <uint8_t>p[pos]
+            pos += 1
+            k = NULL
+            klen = -1
+            v = NULL
+            vlen = -1
+            if flags & WIRE_KEY:
+                klen = es_get_be32(p + pos)
+                k = p + pos + 4
+                pos += 4 + klen
+            if flags & WIRE_VALUE:
+                vlen = es_get_be32(p + pos)
+                v = p + pos + 4
+                pos += 4 + vlen
+            if route is not None and route._count >= 0 and _envelope_size(klen, vlen, -1) <= route._max_event:
+                if k == NULL:
+                    partition = route.sticky.choose(route._count, _envelope_size(klen, vlen, -1), route.available)
+                else:
+                    partition = (es_murmur2(k, klen) & 0x7FFFFFFF) % route._count
+                found = route._rings[partition]
+                if found is not None:
+                    ring = <RingCore>found
+                    if ring is not held or run >= HELD_RUN_MAX:
+                        if held is not None:
+                            held._release()
+                            held = None
+                        if ring._try_acquire():
+                            held = ring
+                            run = 0
+                    if held is ring:
+                        now = route._ids.now_ms()
+                        event_id = route._ids.make(now)
+                        if ring.write_envelope_locked(event_id, now, k, klen, v, vlen) >= 0:
+                            out.put_ok(event_id)
+                            accepted += (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0)
+                            run += 1
+                            continue
+            if held is not None:
+                held._release()
+                held = None
+            status, text = fallback(
+                topic,
+                None if v == NULL else PyBytes_FromStringAndSize(v, vlen),
+                None if k == NULL else PyBytes_FromStringAndSize(k, klen),
+            )
+            out.put_text(status, text)
+            if status == 0:
+                accepted += (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0)
+            found = front._routes.get(topic)
+            route = None if found is None else <TopicRoute>found
+    finally:
+        if held is not None:
+            held._release()
+    return out.frame(request_id, count), accepted
