@@ -31,6 +31,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
+from typing import cast
 
 from eventspool._core.native import intake_send
 from eventspool.agent.http import HttpHandlers, looks_like_http, serve_http
@@ -517,9 +518,9 @@ class _FrameConnection(asyncio.Protocol):
     # ---- transport callbacks ----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.client = _client_name(transport)
+        # A stream transport; uvloop's do not derive from asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
+        self.client = _client_name(self.transport)
         self.server._connections.add(self)
         self.timer = self.loop.call_later(self.server.frame_timeout_s, self._silent)
 

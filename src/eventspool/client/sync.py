@@ -1,21 +1,33 @@
 """The blocking client: `Client(socket).send(topic, value, key, headers) -> event_id`.
 
-Concurrent sends from several threads are batched: the first caller becomes the leader,
-writes every waiting event as pipelined SEND frames (one per topic), reads the answers
-and hands each caller its own result; the others just wait. One thread pays one round
-trip per call; many threads share them.
+One Client is meant to be shared by every thread of a process. Its sends are pipelined
+over one connection: a caller queues its event and, unless another caller is already
+writing, writes everything queued as SEND frames (one per topic) without waiting for
+answers. Then it waits for its answer, reading the socket itself when nobody else is:
+the reader hands each answer, matched by request id, to the callers waiting for it and
+wakes exactly those. A reader whose own answer came leaves the reading to the client's
+reader thread if other answers are due. No caller polls, one caller alone pays one
+wake-up per call, and many callers share the round trips.
+
+`send_many()` hands a batch for one topic over in one call; `send_async()` returns at
+once with a future, for callers that want fire-and-go latency yet learn each outcome.
+
+A broken connection fails the requests written on it with AgentError (their outcome is
+unknown: the agent may have spooled them before it died); the next call reconnects,
+with backoff for as long as `timeout` allows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +35,7 @@ from eventspool.agent.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_EVENTS_PER_SEND,
     EventResult,
+    Frame,
     FrameDecoder,
     FrameType,
     ProtocolError,
@@ -75,13 +88,105 @@ def raise_for(result: EventResult) -> str:
     raise _ERRORS.get(result.status, AgentError)(result.text)
 
 
-@dataclass(slots=True)
+#: What `send_many()` takes per event: a value, or (value, key) or (value, key, headers).
+BatchEvent = (
+    bytes
+    | None
+    | tuple[bytes | None, bytes | str | None]
+    | tuple[bytes | None, bytes | str | None, HeadersInput | None]
+)
+
+_READ_SIZE = 256 * 1024
+_MAX_BACKOFF_S = 1.0
+
+Outcome = str | EventspoolError
+
+
+class _Reply:
+    """Where the outcomes of one call go; whoever reads the answers fills it."""
+
+    __slots__ = ("_guard", "_left", "_lock", "done", "outcomes")
+
+    def __init__(self, count: int) -> None:
+        self.outcomes: list[Outcome | None] = [None] * count
+        self.done = False
+        self._left = count
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        # Each slot is set once, but two threads may set two slots of one batch at once.
+        self._guard = threading.Lock() if count > 1 else None
+
+    def set(self, index: int, outcome: Outcome) -> None:
+        self.outcomes[index] = outcome
+        if self._guard is None:
+            self.done = True
+            self._lock.release()
+            return
+        with self._guard:
+            self._left -= 1
+            if self._left == 0:
+                self.done = True
+                self._lock.release()
+
+    def wait(self, timeout: float) -> bool:
+        return self._lock.acquire(timeout=timeout)
+
+
+class _FutureReply(_Reply):
+    """The reply of `send_async()`: a future, settled from the reader thread."""
+
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.future: Future[str] = Future()
+
+    def set(self, index: int, outcome: Outcome) -> None:
+        self.done = True
+        if self.future.done():
+            return
+        if isinstance(outcome, str):
+            self.future.set_result(outcome)
+        else:
+            self.future.set_exception(outcome)
+
+
+@dataclass(slots=True, eq=False)
 class _Waiting:
+    """One event queued or written, and the slot of its caller's reply."""
+
     topic: str | None  # None: published through `exchange`
     event: WireEvent
-    future: Future[str]
+    reply: _Reply
+    index: int = 0
     exchange: str | None = None
     routing_key: str = ""
+
+
+@dataclass(slots=True, eq=False)
+class _Control:
+    """A PING or STATS in flight; `body` holds the answer once `reply` is done."""
+
+    type: FrameType
+    answer: FrameType
+    reply: _Reply = field(default_factory=lambda: _Reply(1))
+    body: bytes = b""
+
+
+_Request = list[_Waiting] | _Control
+
+
+class _Connection:
+    """One socket to the agent, what awaits an answer on it, and who reads it now."""
+
+    def __init__(self, sock: socket.socket, max_frame: int) -> None:
+        self.sock = sock
+        self.decoder = FrameDecoder(max_frame)
+        self.in_flight: dict[int, _Request] = {}
+        self.closed = False
+        self.answered = False
+        self.reading = False
+        self.reader: threading.Thread | None = None
 
 
 def _encode(request_id: int, chunk: list[_Waiting]) -> bytes:
@@ -105,18 +210,24 @@ class Client:
         reconnect_backoff_s: float = 0.05,
         max_frame_bytes: int = DEFAULT_MAX_FRAME,
     ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout={timeout}: must be positive")
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch}: must be at least 1")
         self.socket_path = Path(socket_path)
         self.max_frame_bytes = max_frame_bytes
         self.timeout = timeout
         self.max_batch = max_batch
         self.reconnect_backoff_s = reconnect_backoff_s
-        self._sock: socket.socket | None = None
-        self._decoder = FrameDecoder()
         self._lock = threading.Lock()
-        self._io = threading.Lock()
-        self._waiting: list[_Waiting] = []
+        # The reader thread waits here for answers that no caller is reading.
+        self._reader_wanted = threading.Condition(self._lock)
+        self._pending: list[_Waiting | _Control] = []
+        self._writing = False
+        self._connection: _Connection | None = None
+        self._backoff = 0.0
         self._request_id = 0
-        self._last_stats: dict[str, Any] = {}
+        self._closed = False
 
     def send(
         self,
@@ -135,44 +246,119 @@ class Client:
         if the connection broke after it was written). With `exchange` (and
         `topic=None`) the agent routes the event by `routing_key`, as `Spool.send()` does.
         """
-        if exchange is None:
-            waiting = _Waiting(topic, wire_event(topic, value, key, headers), Future())
-        else:
-            event = routed_wire_event(
-                topic, value, key, headers, exchange=exchange, routing_key=routing_key
+        reply = _Reply(1)
+        self._submit(
+            [
+                self._waiting(
+                    topic,
+                    value,
+                    key,
+                    headers,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    reply=reply,
+                )
+            ]
+        )
+        outcome = self._wait(reply)[0]
+        if isinstance(outcome, str):
+            return outcome
+        raise outcome
+
+    def send_async(
+        self,
+        topic: str | None,
+        value: bytes | None,
+        key: bytes | str | None = None,
+        headers: HeadersInput | None = None,
+        *,
+        exchange: str | None = None,
+        routing_key: str = "",
+    ) -> Future[str]:
+        """Queue one event and return at once; the future gives its event_id or error.
+
+        Arguments are checked as in `send()`, and a bad one raises here. The future fails
+        with AgentError when the agent cannot be reached; it does not time out by itself
+        (`future.result(timeout)` does).
+        """
+        reply = _FutureReply()
+        self._submit(
+            [
+                self._waiting(
+                    topic,
+                    value,
+                    key,
+                    headers,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    reply=reply,
+                )
+            ]
+        )
+        self._want_reader()
+        return reply.future
+
+    def send_many(self, topic: str, events: Iterable[BatchEvent]) -> list[Outcome]:
+        """Hand a batch of events for one topic to the agent in one call.
+
+        Each event is a value, or a (value, key) or (value, key, headers) tuple. Returns
+        each event's outcome in order: its event_id, or the error that refused it (so one
+        bad event does not hide the fate of the others). Raises AgentError when the agent
+        cannot be reached; InvalidEventError, before anything is sent, for an argument
+        the wire cannot carry.
+        """
+        items: list[_Waiting] = []
+        batch = list(events)
+        reply = _Reply(len(batch))
+        for index, item in enumerate(batch):
+            if isinstance(item, tuple):
+                value, key, *rest = item
+                headers = rest[0] if rest else None
+            else:
+                value, key, headers = item, None, None
+            waiting = self._waiting(
+                topic, value, key, headers, exchange=None, routing_key="", reply=reply
             )
-            waiting = _Waiting(None, event, Future(), exchange, routing_key)
-        with self._lock:
-            self._waiting.append(waiting)
-        while not waiting.future.done():
-            if self._io.acquire(timeout=0.001):
-                try:
-                    if not waiting.future.done():
-                        self._flush_waiting()
-                finally:
-                    self._io.release()
-        return waiting.future.result()
+            waiting.index = index
+            items.append(waiting)
+        if not items:
+            return []
+        self._submit(items)
+        outcomes = self._wait(reply)
+        for outcome in outcomes:
+            if isinstance(outcome, AgentError):
+                raise outcome
+        return outcomes
 
     def ping(self) -> float:
         """Round-trip time to the agent in seconds."""
-        with self._io:
-            started = time.perf_counter()
-            request_id = self._next_id()
-            self._exchange([(request_id, encode_frame(FrameType.PING, request_id, b""), 0)])
-            return time.perf_counter() - started
+        started = time.perf_counter()
+        self._control(FrameType.PING, FrameType.PONG)
+        return time.perf_counter() - started
 
     def stats(self) -> dict[str, Any]:
         """The agent's STATS answer: queues, sender counters, connectivity."""
-        with self._io:
-            request_id = self._next_id()
-            self._exchange([(request_id, encode_frame(FrameType.STATS, request_id, b""), 0)])
-            return self._last_stats
+        body = self._control(FrameType.STATS, FrameType.STATS_RESULT)
+        try:
+            stats = json.loads(body)
+        except ValueError as exc:
+            raise AgentError(f"agent at {self.socket_path}: STATS is not JSON: {exc}") from None
+        if not isinstance(stats, dict):
+            raise AgentError(f"agent at {self.socket_path}: STATS is not a JSON object")
+        return stats
 
     def close(self) -> None:
-        with self._io:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+        """Disconnect; calls still waiting fail with AgentError, later calls too."""
+        with self._lock:
+            self._closed = True
+            connection = self._connection
+            pending, self._pending = self._pending, []
+        self._fail(pending, AgentError(f"agent at {self.socket_path}: the client was closed"))
+        if connection is not None:
+            self._drop(connection, "the client was closed")
+            if connection.reader is not threading.current_thread():
+                assert connection.reader is not None
+                connection.reader.join(self.timeout)
 
     def __enter__(self) -> Client:
         return self
@@ -180,40 +366,113 @@ class Client:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _flush_waiting(self) -> None:
-        with self._lock:
-            batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch :]
-        if not batch:
-            return
-        try:
-            chunks = self._chunks(batch)
-            requests = []
-            for chunk in chunks:
-                request_id = self._next_id()
-                requests.append((request_id, _encode(request_id, chunk), len(chunk)))
-            answers = self._exchange(requests)
-            for (request_id, _, _), chunk in zip(requests, chunks, strict=True):
-                results = answers[request_id]
-                if len(results) != len(chunk):
-                    raise AgentError(f"the agent answered {len(results)} of {len(chunk)} events")
-                for item, result in zip(chunk, results, strict=True):
-                    try:
-                        item.future.set_result(raise_for(result))
-                    except EventspoolError as exc:
-                        item.future.set_exception(exc)
-        except Exception as exc:
-            # Never leave a caller waiting: whatever failed, every open future learns it.
-            error = exc if isinstance(exc, AgentError) else AgentError(str(exc))
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(error)
+    # ---- callers' side ------------------------------------------------------------------
 
-    def _chunks(self, batch: list[_Waiting]) -> list[list[_Waiting]]:
+    @staticmethod
+    def _waiting(
+        topic: str | None,
+        value: bytes | None,
+        key: bytes | str | None,
+        headers: HeadersInput | None,
+        *,
+        exchange: str | None,
+        routing_key: str,
+        reply: _Reply,
+    ) -> _Waiting:
+        """Check the arguments, as `Spool.send()` does, before anything is queued."""
+        if exchange is None:
+            return _Waiting(topic, wire_event(topic, value, key, headers), reply)
+        event = routed_wire_event(
+            topic, value, key, headers, exchange=exchange, routing_key=routing_key
+        )
+        return _Waiting(None, event, reply, 0, exchange, routing_key)
+
+    def _wait(self, reply: _Reply) -> list[Outcome]:
+        """Wait for a reply, reading the answers while nobody else does."""
+        deadline = time.monotonic() + self.timeout
+        while not reply.done:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AgentError(
+                    f"agent at {self.socket_path}: no answer within {self.timeout} s; the "
+                    "outcome is unknown: the request may or may not have been processed"
+                )
+            connection = self._take_reading()
+            if connection is None:
+                reply.wait(left)
+            else:
+                self._read(connection, reply, deadline)
+        outcomes = [outcome for outcome in reply.outcomes if outcome is not None]
+        return outcomes
+
+    def _control(self, frame_type: FrameType, answer: FrameType) -> bytes:
+        control = _Control(frame_type, answer)
+        self._submit([control])
+        outcome = self._wait(control.reply)[0]
+        if isinstance(outcome, EventspoolError):
+            raise outcome
+        return control.body
+
+    def _submit(self, items: Sequence[_Waiting | _Control]) -> None:
+        """Queue requests; write them unless another caller is writing (it takes them)."""
+        with self._lock:
+            if self._closed:
+                raise AgentError(f"agent at {self.socket_path}: the client is closed")
+            self._pending.extend(items)
+            if self._writing:
+                return
+            self._writing = True
+        self._write_pending()
+
+    # ---- the writing caller ---------------------------------------------------------------
+
+    def _write_pending(self) -> None:
+        """Write what is queued, and what is queued meanwhile, then stop being the writer."""
+        while True:
+            with self._lock:
+                batch = self._pending[: self.max_batch]
+                del self._pending[: self.max_batch]
+                if not batch:
+                    self._writing = False
+                    return
+            try:
+                connection = self._connect()
+            except OSError as exc:
+                reason = exc.strerror or str(exc) or type(exc).__name__
+                self._fail(batch, AgentError(f"agent at {self.socket_path}: {reason}"))
+                continue
+            self._write_batch(connection, batch)
+
+    def _write_batch(self, connection: _Connection, batch: list[_Waiting | _Control]) -> None:
+        frames = []
+        with self._lock:
+            for request in self._requests(batch):
+                request_id = self._next_id()
+                try:
+                    if isinstance(request, _Control):
+                        frame = encode_frame(request.type, request_id, b"")
+                    else:
+                        frame = _encode(request_id, request)
+                except ProtocolError as exc:  # only sizes no frame can carry get here
+                    assert not isinstance(request, _Control)
+                    self._fail(request, InvalidEventError(str(exc)))
+                    continue
+                connection.in_flight[request_id] = request
+                frames.append(frame)
+        try:
+            connection.sock.sendall(b"".join(frames))
+        except OSError as exc:
+            self._drop(connection, f"writing failed: {exc}")
+
+    def _requests(self, batch: list[_Waiting | _Control]) -> list[_Request]:
         """One SEND per topic (PUBLISH per exchange), split to stay under the agent's maximum."""
+        requests: list[_Request] = []
         by_target: dict[tuple[str | None, str | None], list[_Waiting]] = {}
         for item in batch:
-            by_target.setdefault((item.topic, item.exchange), []).append(item)
-        chunks: list[list[_Waiting]] = []
+            if isinstance(item, _Control):
+                requests.append(item)
+            else:
+                by_target.setdefault((item.topic, item.exchange), []).append(item)
         budget = self.max_frame_bytes - _SEND_OVERHEAD
         for (topic, exchange), group in by_target.items():
             name = exchange if exchange is not None else topic
@@ -223,74 +482,183 @@ class Client:
             for item in group:
                 item_size = wire_size(item.event, None if exchange is None else item.routing_key)
                 if chunk and (size + item_size > budget or len(chunk) >= MAX_EVENTS_PER_SEND):
-                    chunks.append(chunk)
+                    requests.append(chunk)
                     chunk, size = [], name_size
                 chunk.append(item)
                 size += item_size
-            chunks.append(chunk)
-        return chunks
+            requests.append(chunk)
+        return requests
 
     def _next_id(self) -> int:
         """Request ids wrap around but skip 0, the id of connection-level errors."""
         self._request_id = self._request_id % 0xFFFFFFFF + 1
         return self._request_id
 
-    def _exchange(self, requests: Sequence[tuple[int, bytes, int]]) -> dict[int, list[EventResult]]:
-        """Write (request id, frame, event count) requests pipelined; read every answer."""
-        expected = {request_id: count for request_id, _, count in requests}
-        answers: dict[int, list[EventResult]] = {}
-        try:
-            sock = self._connect()
-            sock.sendall(b"".join(frame for _, frame, _ in requests))
-            while len(answers) < len(expected):
-                data = sock.recv(256 * 1024)
-                if not data:
-                    raise ConnectionError("the agent closed the connection")
-                for frame in self._decoder.feed(data):
-                    count = expected.get(frame.request_id)
-                    if count is None:
-                        if frame.type is FrameType.ERROR:
-                            refusal = decode_error(frame.body).text
-                            raise ConnectionError(f"the agent refused the request: {refusal}")
-                        continue
-                    if frame.type is FrameType.SEND_RESULT:
-                        answers[frame.request_id] = decode_send_result(frame.body)
-                    elif frame.type is FrameType.STATS_RESULT:
-                        self._last_stats = json.loads(frame.body)
-                        answers[frame.request_id] = []
-                    elif frame.type is FrameType.ERROR:
-                        answers[frame.request_id] = [decode_error(frame.body)] * count
-                    else:
-                        answers[frame.request_id] = []
-        except (OSError, ProtocolError) as exc:
-            self._drop_connection()
-            raise AgentError(f"agent at {self.socket_path}: {exc}") from exc
-        return answers
-
-    def _connect(self) -> socket.socket:
-        if self._sock is not None:
-            return self._sock
+    def _connect(self) -> _Connection:
+        """The open connection, or a new one (with backoff while the agent is away)."""
+        connection = self._connection
+        if connection is not None and not connection.closed:
+            return connection
         deadline = time.monotonic() + self.timeout
-        backoff = self.reconnect_backoff_s
         while True:
+            if self._backoff > 0:
+                time.sleep(self._backoff)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.timeout)
             try:
                 sock.connect(str(self.socket_path))
             except OSError as exc:
                 sock.close()
-                if time.monotonic() + backoff > deadline:
-                    raise ConnectionError(
-                        f"cannot connect to the agent at {self.socket_path}: {exc.strerror}"
+                self._backoff = min(
+                    max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S
+                )
+                if time.monotonic() + self._backoff > deadline:
+                    raise OSError(
+                        exc.errno, f"cannot connect to the agent: {exc.strerror}"
                     ) from exc
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
                 continue
-            self._sock = sock
-            self._decoder = FrameDecoder()
-            return sock
+            break
+        connection = _Connection(sock, max(self.max_frame_bytes, DEFAULT_MAX_FRAME))
+        reader = threading.Thread(
+            target=self._read_in_background,
+            args=(connection,),
+            name="eventspool-client-reader",
+            daemon=True,
+        )
+        connection.reader = reader
+        with self._lock:
+            self._connection = connection
+        reader.start()
+        return connection
 
-    def _drop_connection(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+    # ---- reading: a waiting caller, or the reader thread ---------------------------------
+
+    def _take_reading(self) -> _Connection | None:
+        """The connection, when the caller may read it: nobody else is reading."""
+        with self._lock:
+            connection = self._connection
+            if connection is None or connection.closed or connection.reading:
+                return None
+            connection.reading = True
+            return connection
+
+    def _want_reader(self) -> None:
+        """Wake the reader thread when answers are due and no caller is reading them."""
+        with self._lock:
+            connection = self._connection
+            if connection is not None and connection.in_flight and not connection.reading:
+                self._reader_wanted.notify()
+
+    def _read_in_background(self, connection: _Connection) -> None:
+        """Read the answers nobody waits for in person: those of `send_async()`, and the
+        rest when the caller who was reading got its own."""
+        while True:
+            with self._lock:
+                while not connection.closed and (connection.reading or not connection.in_flight):
+                    self._reader_wanted.wait()
+                if connection.closed:
+                    return
+                connection.reading = True
+            self._read(connection, None, None)
+
+    def _read(self, connection: _Connection, reply: _Reply | None, deadline: float | None) -> None:
+        """Hand out answers until `reply` is done (or, without one, none is due)."""
+        reason = ""
+        try:
+            while True:
+                if reply is not None:
+                    if reply.done or time.monotonic() >= (deadline or 0.0):
+                        break
+                elif not connection.in_flight:
+                    break
+                try:
+                    data = connection.sock.recv(_READ_SIZE)
+                except TimeoutError:
+                    reason = f"no answer within {self.timeout} s"
+                    break
+                if not data:
+                    reason = "the agent closed the connection"
+                    break
+                for frame in connection.decoder.feed(data):
+                    self._answer(connection, frame)
+        except (OSError, ProtocolError) as exc:
+            reason = str(exc) or type(exc).__name__
+        with self._lock:
+            connection.reading = False
+            if connection.in_flight and not connection.closed:
+                self._reader_wanted.notify()
+        if reason:
+            self._drop(connection, reason)
+
+    def _answer(self, connection: _Connection, frame: Frame) -> None:
+        with self._lock:
+            request = connection.in_flight.pop(frame.request_id, None)
+        if request is None:
+            if frame.type is FrameType.ERROR:
+                refusal = decode_error(frame.body).text
+                raise ProtocolError(f"the agent refused the request: {refusal}")
+            return
+        connection.answered = True
+        if isinstance(request, _Control):
+            if frame.type is request.answer:
+                request.body = frame.body
+                request.reply.set(0, "")
+            elif frame.type is FrameType.ERROR:
+                text = decode_error(frame.body).text
+                request.reply.set(0, AgentError(f"agent at {self.socket_path}: {text}"))
+            else:
+                raise ProtocolError(f"a {frame.type.name} frame answered {request.type.name}")
+            return
+        if frame.type is FrameType.SEND_RESULT:
+            results = decode_send_result(frame.body)
+            if len(results) != len(request):
+                raise ProtocolError(
+                    f"SEND_RESULT has {len(results)} results for a SEND of {len(request)} events"
+                )
+        elif frame.type is FrameType.ERROR:
+            results = [decode_error(frame.body)] * len(request)
+        else:
+            raise ProtocolError(f"a {frame.type.name} frame answered a SEND")
+        for item, result in zip(request, results, strict=True):
+            item.reply.set(item.index, _outcome(result))
+
+    def _drop(self, connection: _Connection, reason: str) -> None:
+        """Close `connection`; what was written on it has an unknown outcome."""
+        with self._lock:
+            if connection.closed:
+                return
+            connection.closed = True
+            self._reader_wanted.notify_all()
+            if self._connection is connection:
+                self._connection = None
+            requests = list(connection.in_flight.values())
+            connection.in_flight.clear()
+            if connection.answered:
+                self._backoff = 0.0
+            else:
+                self._backoff = min(
+                    max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S
+                )
+        with contextlib.suppress(OSError):  # already broken: closing is all that is left
+            connection.sock.shutdown(socket.SHUT_RDWR)
+        connection.sock.close()
+        lost = AgentError(
+            f"agent at {self.socket_path}: the connection broke after the request was "
+            f"written ({reason}); the outcome is unknown: it may or may not have been processed"
+        )
+        for request in requests:
+            self._fail([request] if isinstance(request, _Control) else request, lost)
+
+    @staticmethod
+    def _fail(items: Iterable[_Waiting | _Control], error: AgentError | InvalidEventError) -> None:
+        for item in items:
+            if isinstance(item, _Control):
+                item.reply.set(0, error)
+            else:
+                item.reply.set(item.index, error)
+
+
+def _outcome(result: EventResult) -> Outcome:
+    if result.status is Status.OK:
+        return result.text
+    return _ERRORS.get(result.status, AgentError)(result.text)
