@@ -198,3 +198,33 @@ def intake_send(SpoolFront front not None, uint32_t request_id, bytes body not N
         if held is not None:
             held._release()
     return out.frame(request_id, count), accepted
+
+
+def decode_results(bytes body not None) -> list:
+    """A SEND_RESULT body as one outcome per event: the event_id (str) when OK, else
+    (status, text). Raises ValueError, naming the fault, for a body that does not parse.
+    """
+    cdef const char *p = PyBytes_AS_STRING(body)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(body), pos = 4, length
+    cdef uint32_t count, i
+    cdef uint8_t status
+    if size < 4:
+        raise ValueError(f"SEND_RESULT: body of {size} bytes ends before the count")
+    count = es_get_be32(p)
+    if <Py_ssize_t>count * 3 > size - pos:
+        raise ValueError(f"SEND_RESULT: {count} results announced but only {size - pos} bytes follow")
+    outcomes = [None] * count
+    for i in range(count):
+        if size - pos < 3:
+            raise ValueError(f"SEND_RESULT: result {i}: body ends inside the status at offset {pos}")
+        status = <uint8_t>p[pos]
+        length = es_get_be16(p + pos + 1)
+        pos += 3
+        if length > size - pos:
+            raise ValueError(f"SEND_RESULT: result {i}: {length} bytes at offset {pos} overrun the body of {size} bytes")
+        text = PyUnicode_DecodeUTF8(p + pos, length, NULL)
+        pos += length
+        outcomes[i] = text if status == 0 else (status, text)
+    if pos != size:
+        raise ValueError(f"SEND_RESULT: {size - pos} trailing bytes after {count} results")
+    return outcomes

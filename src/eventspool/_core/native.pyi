@@ -143,6 +143,8 @@ def intake_send(
     fallback: Callable[[str, bytes | None, bytes | None], tuple[int, bytes]],
 ) -> tuple[bytes, int] | None: ...
 
+def decode_results(body: bytes) -> list[str | tuple[int, str]]: ...
+
 class AckTracker:
     acked_until: int
     in_flight: int

@@ -25,12 +25,14 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eventspool._core.native import decode_results
 from eventspool.agent.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_EVENTS_PER_SEND,
@@ -43,7 +45,6 @@ from eventspool.agent.protocol import (
     Status,
     WireEvent,
     decode_error,
-    decode_send_result,
     encode_frame,
     encode_publish,
     encode_send,
@@ -133,12 +134,12 @@ class _Reply:
 
 
 class _FutureReply(_Reply):
-    """The reply of `send_async()`: a future, settled from the reader thread."""
+    """The reply of `send_async()`: a future, settled by whoever reads the answer."""
 
     __slots__ = ("future",)
 
-    def __init__(self) -> None:
-        super().__init__(1)
+    def __init__(self) -> None:  # no lock: nobody waits on it, the future is the reply
+        self.done = False
         self.future: Future[str] = Future()
 
     def set(self, index: int, outcome: Outcome) -> None:
@@ -222,8 +223,10 @@ class Client:
         self._lock = threading.Lock()
         # The reader thread waits here for answers that no caller is reading.
         self._reader_wanted = threading.Condition(self._lock)
-        self._pending: list[_Waiting | _Control] = []
-        self._writing = False
+        # Appended to by callers and emptied by the writer without a lock: deque operations
+        # are atomic, and the writer role is a try-lock, so callers never queue on a lock.
+        self._pending: deque[_Waiting | _Control] = deque()
+        self._writer = threading.Lock()
         self._connection: _Connection | None = None
         self._backoff = 0.0
         self._request_id = 0
@@ -295,7 +298,6 @@ class Client:
                 )
             ]
         )
-        self._want_reader()
         return reply.future
 
     def send_many(self, topic: str, events: Iterable[BatchEvent]) -> list[Outcome]:
@@ -352,7 +354,7 @@ class Client:
         with self._lock:
             self._closed = True
             connection = self._connection
-            pending, self._pending = self._pending, []
+        pending = _take(self._pending, len(self._pending))
         self._fail(pending, AgentError(f"agent at {self.socket_path}: the client was closed"))
         if connection is not None:
             self._drop(connection, "the client was closed")
@@ -415,26 +417,25 @@ class Client:
 
     def _submit(self, items: Sequence[_Waiting | _Control]) -> None:
         """Queue requests; write them unless another caller is writing (it takes them)."""
-        with self._lock:
-            if self._closed:
-                raise AgentError(f"agent at {self.socket_path}: the client is closed")
-            self._pending.extend(items)
-            if self._writing:
-                return
-            self._writing = True
-        self._write_pending()
+        if self._closed:
+            raise AgentError(f"agent at {self.socket_path}: the client is closed")
+        self._pending.extend(items)
+        # Whoever holds the writer role looks at the queue again after letting go of it,
+        # so a request queued while it was letting go is never left behind.
+        while self._pending and self._writer.acquire(blocking=False):
+            try:
+                self._write_pending()
+            finally:
+                self._writer.release()
 
     # ---- the writing caller ---------------------------------------------------------------
 
     def _write_pending(self) -> None:
-        """Write what is queued, and what is queued meanwhile, then stop being the writer."""
+        """Write what is queued, and what is queued meanwhile; the caller is the writer."""
         while True:
-            with self._lock:
-                batch = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
-                if not batch:
-                    self._writing = False
-                    return
+            batch = _take(self._pending, self.max_batch)
+            if not batch:
+                return
             try:
                 connection = self._connect()
             except OSError as exc:
@@ -444,21 +445,28 @@ class Client:
             self._write_batch(connection, batch)
 
     def _write_batch(self, connection: _Connection, batch: list[_Waiting | _Control]) -> None:
+        """Encode and write a batch; only the writer calls this, so ids need no lock."""
         frames = []
+        requests: dict[int, _Request] = {}
+        for request in self._requests(batch):
+            request_id = self._next_id()
+            try:
+                if isinstance(request, _Control):
+                    frame = encode_frame(request.type, request_id, b"")
+                else:
+                    frame = _encode(request_id, request)
+            except ProtocolError as exc:  # only sizes no frame can carry get here
+                assert not isinstance(request, _Control)
+                self._fail(request, InvalidEventError(str(exc)))
+                continue
+            requests[request_id] = request
+            frames.append(frame)
         with self._lock:
-            for request in self._requests(batch):
-                request_id = self._next_id()
-                try:
-                    if isinstance(request, _Control):
-                        frame = encode_frame(request.type, request_id, b"")
-                    else:
-                        frame = _encode(request_id, request)
-                except ProtocolError as exc:  # only sizes no frame can carry get here
-                    assert not isinstance(request, _Control)
-                    self._fail(request, InvalidEventError(str(exc)))
-                    continue
-                connection.in_flight[request_id] = request
-                frames.append(frame)
+            connection.in_flight.update(requests)
+            if not connection.reading and any(
+                type(item.reply) is _FutureReply for item in batch if isinstance(item, _Waiting)
+            ):
+                self._reader_wanted.notify()
         try:
             connection.sock.sendall(b"".join(frames))
         except OSError as exc:
@@ -542,13 +550,6 @@ class Client:
             connection.reading = True
             return connection
 
-    def _want_reader(self) -> None:
-        """Wake the reader thread when answers are due and no caller is reading them."""
-        with self._lock:
-            connection = self._connection
-            if connection is not None and connection.in_flight and not connection.reading:
-                self._reader_wanted.notify()
-
     def _read_in_background(self, connection: _Connection) -> None:
         """Read the answers nobody waits for in person: those of `send_async()`, and the
         rest when the caller who was reading got its own."""
@@ -610,17 +611,22 @@ class Client:
                 raise ProtocolError(f"a {frame.type.name} frame answered {request.type.name}")
             return
         if frame.type is FrameType.SEND_RESULT:
-            results = decode_send_result(frame.body)
+            try:
+                results = decode_results(frame.body)
+            except ValueError as exc:
+                raise ProtocolError(str(exc)) from None
             if len(results) != len(request):
                 raise ProtocolError(
                     f"SEND_RESULT has {len(results)} results for a SEND of {len(request)} events"
                 )
+            for item, result in zip(request, results, strict=True):
+                item.reply.set(item.index, result if type(result) is str else _refusal(result))
         elif frame.type is FrameType.ERROR:
-            results = [decode_error(frame.body)] * len(request)
+            error = _outcome(decode_error(frame.body))
+            for item in request:
+                item.reply.set(item.index, error)
         else:
             raise ProtocolError(f"a {frame.type.name} frame answered a SEND")
-        for item, result in zip(request, results, strict=True):
-            item.reply.set(item.index, _outcome(result))
 
     def _drop(self, connection: _Connection, reason: str) -> None:
         """Close `connection`; what was written on it has an unknown outcome."""
@@ -656,6 +662,28 @@ class Client:
                 item.reply.set(0, error)
             else:
                 item.reply.set(item.index, error)
+
+
+def _take(queue: deque[_Waiting | _Control], most: int) -> list[_Waiting | _Control]:
+    """Up to `most` requests from the front of the queue; callers may append meanwhile."""
+    taken: list[_Waiting | _Control] = []
+    while len(taken) < most:
+        try:
+            taken.append(queue.popleft())
+        except IndexError:
+            break
+    return taken
+
+
+def _refusal(result: str | tuple[int, str]) -> EventspoolError:
+    """The error of a refused event, from its (status, text) as the compiled decoder gives it."""
+    assert not isinstance(result, str)
+    status, text = result
+    try:
+        known = Status(status)
+    except ValueError:
+        raise ProtocolError(f"SEND_RESULT: unknown status {status}") from None
+    return _ERRORS.get(known, AgentError)(text)
 
 
 def _outcome(result: EventResult) -> Outcome:
