@@ -8,8 +8,11 @@ fresh topic of 4 partitions per run. The same number of caller threads on both s
 * ours: ``eventspool agent`` as its own process, default settings (agent.toml names only
   the spool directory, the socket and the bootstrap servers: durability ``process``,
   32 MiB rings, lz4, idempotent, acks=all). The callers share one
-  `eventspool.client.sync.Client` (its batching of concurrent calls) and call
-  ``send(topic, value)``; it returns once the agent has the event on disk.
+  `eventspool.client.sync.Client` (its pipelining of concurrent calls). In the
+  end-to-end runs they fire and go, as syslog callers do, with
+  ``send_async(topic, value)``: it returns once the event is queued for the agent, and
+  its future resolves once the agent has the event on disk (every future is checked).
+  In the SIGKILL runs they call ``send(topic, value)``, which returns only then.
 * the anchor: ``rsyslogd -n`` with its own config, pid file, work directory and socket
   in the scratch directory. Each caller thread writes syslog datagrams as syslog(3) does:
   a connected unix datagram socket, one blocking ``send`` per message of the form
@@ -60,9 +63,11 @@ Figures (medians over the repetitions; ours and the anchor alternate, the first 
    send until a consumer polling every 20 ms has read all N ids from Kafka. Before the
    window each side ships 1,000 warm-up events and waits for them (connections open).
 2. caller latency: every send of those runs timed with ``perf_counter_ns``; p50, p99,
-   p99.9. Not the same promise: a datagram ``send`` returns once the kernel buffered the
-   datagram in the socket's receive queue (rsyslogd has not even read it yet), our
-   ``send`` returns once the event is in the agent's spool file (survives the agent).
+   p99.9. A datagram ``send`` returns once the kernel buffered the datagram in the
+   socket's receive queue (rsyslogd has not even read it yet), our ``send_async`` once
+   the event is queued in the client. Ours also reports the acknowledgement latency:
+   from the call until its future resolved, the event in the agent's spool file
+   (survives the agent); syslog callers never learn that much.
 3. SIGKILL loss: 8 threads stream events at 2,000 events/s in total (well below both
    sides' capacity, so nothing is overloaded). Once the first events are readable in
    Kafka (steady state: a kill during start-up measures connecting, not the design), the
@@ -109,6 +114,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -532,6 +539,8 @@ class Side:
     name: str  # "ours" or "anchor"
     launch: Callable[[Path, str, str], Shipper]  # (directory, bootstrap, topic)
     open_callers: Callable[[Shipper, str, int], contextlib.AbstractContextManager[list[Caller]]]
+    # The callers of the end-to-end runs: ours fire and go with `send_async()`.
+    open_e2e_callers: Callable[[Shipper, str, int], contextlib.AbstractContextManager[list[Caller]]]
     failures: tuple[type[BaseException], ...]  # what a send raises when the shipper is down
     wait_drained: Callable[[Shipper], None] | None  # None: drained = no new record for a while
 
@@ -545,6 +554,65 @@ def agent_callers(shipper: Shipper, topic: str, threads: int) -> Iterator[list[C
             return client.send(topic, value)
 
         yield [send] * threads
+
+
+class AsyncSend:
+    """A caller that hands its event over with `Client.send_async()` and goes on.
+
+    The future's callback notes when the agent had the event on disk (the acknowledgement
+    time, from the call) or that it failed; `wait()` waits for every outstanding future.
+    """
+
+    def __init__(self, client: Client, topic: str) -> None:
+        self._client = client
+        self._topic = topic
+        self._futures: list[Future[str]] = []
+        self.ack_ns: list[int] = []
+        self.failed = 0
+
+    def __call__(self, value: bytes) -> object:
+        started = time.perf_counter_ns()
+        future = self._client.send_async(self._topic, value)
+        future.add_done_callback(lambda done: self._settled(done, started))
+        self._futures.append(future)
+        return future
+
+    def _settled(self, future: Future[str], started: int) -> None:
+        if future.exception() is None:
+            self.ack_ns.append(time.perf_counter_ns() - started)
+        else:
+            self.failed += 1
+
+    def wait(self) -> tuple[list[int], int]:
+        """(acknowledgement latencies in ns, failures) of every send since the last wait."""
+        futures_wait(self._futures, timeout=DELIVERY_TIMEOUT_S)
+        acks, failed = self.ack_ns, self.failed
+        self._futures, self.ack_ns, self.failed = [], [], 0
+        return acks, failed
+
+
+@contextlib.contextmanager
+def agent_async_callers(shipper: Shipper, topic: str, threads: int) -> Iterator[list[Caller]]:
+    """One `Client` shared by every caller thread, each sending with `send_async()`."""
+    with Client(shipper.socket_path) as client:
+        yield [AsyncSend(client, topic) for _ in range(threads)]
+
+
+def settle_async(callers: Sequence[Caller]) -> list[int] | None:
+    """Wait for the acknowledgements of async callers: their latencies in ns (None: not async).
+
+    A failed acknowledgement is an error here, as a failed send is.
+    """
+    if not all(isinstance(caller, AsyncSend) for caller in callers):
+        return None
+    latencies: list[int] = []
+    for caller in callers:
+        assert isinstance(caller, AsyncSend)
+        acks, failed = caller.wait()
+        if failed:
+            raise RuntimeError(f"{failed} async sends failed")
+        latencies.extend(acks)
+    return latencies
 
 
 @contextlib.contextmanager
@@ -572,8 +640,15 @@ def make_sides(rsyslogd: str, library_dir: Path | None) -> dict[str, Side]:
         return Rsyslogd(rsyslogd, directory, bootstrap, topic, library_dir)
 
     return {
-        "ours": Side("ours", launch_agent, agent_callers, (EventspoolError,), wait_agent_drained),
-        "anchor": Side("anchor", launch_rsyslog, syslog_callers, (OSError,), None),
+        "ours": Side(
+            "ours",
+            launch_agent,
+            agent_callers,
+            agent_async_callers,
+            (EventspoolError,),
+            wait_agent_drained,
+        ),
+        "anchor": Side("anchor", launch_rsyslog, syslog_callers, syslog_callers, (OSError,), None),
     }
 
 
@@ -585,6 +660,7 @@ class E2EResult:
     rate: float  # events/s, first send until all are readable in Kafka
     send_rate: float  # events/s, first send until the last send returned
     latency_us: dict[str, float]
+    ack_latency_us: dict[str, float] | None  # ours: until the agent had it on disk
     shipper_cpu_us_per_event: float
     broker_cpu_us_per_event: float
 
@@ -667,10 +743,11 @@ def e2e_run(side: Side, broker: LocalBroker, directory: Path, topic: str, events
     create_topic(bootstrap, topic, PARTITIONS)
     shipper = side.launch(directory, bootstrap, topic)
     try:
-        with side.open_callers(shipper, topic, CALLER_THREADS) as callers:
+        with side.open_e2e_callers(shipper, topic, CALLER_THREADS) as callers:
             warm_tag, timed_tag = f"w{directory.name}", f"t{directory.name}"
             warm = batches_for(warm_tag, WARMUP_EVENTS, CALLER_THREADS)
             send_all(callers, warm)
+            settle_async(callers)
             warm_ids = batch_ids(warm_tag, warm)
             seen = consume_event_ids(
                 bootstrap, [topic], warm_ids, timeout=DELIVERY_TIMEOUT_S, id_of=record_id
@@ -684,6 +761,7 @@ def e2e_run(side: Side, broker: LocalBroker, directory: Path, topic: str, events
             broker_ticks = process_ticks(broker.pid) or 0
             watcher.start()
             start, sent, latencies = send_all(callers, timed)
+            acks = settle_async(callers)
             watcher.join(DELIVERY_TIMEOUT_S + 30)
             shipper_cpu = ((process_ticks(shipper.process.pid) or 0) - shipper_ticks) / CLOCK_TICKS
             broker_cpu = ((process_ticks(broker.pid) or 0) - broker_ticks) / CLOCK_TICKS
@@ -703,6 +781,7 @@ def e2e_run(side: Side, broker: LocalBroker, directory: Path, topic: str, events
         rate=count / ((watcher.done_ns - start) / 1e9),
         send_rate=count / ((sent - start) / 1e9),
         latency_us=latency_summary_us(latencies),
+        ack_latency_us=None if acks is None else latency_summary_us(acks),
         shipper_cpu_us_per_event=shipper_cpu * 1e6 / count,
         broker_cpu_us_per_event=broker_cpu * 1e6 / count,
     )
@@ -937,6 +1016,9 @@ def record_e2e(runs: Runs, name: str, result: E2EResult) -> None:
     runs.add(f"{name}_send_rate", result.send_rate)
     for stat in ("p50_us", "p99_us", "p999_us", "max_us"):
         runs.add(f"{name}_latency_{stat}", result.latency_us[stat])
+    if result.ack_latency_us is not None:
+        for stat in ("p50_us", "p99_us", "p999_us"):
+            runs.add(f"{name}_ack_latency_{stat}", result.ack_latency_us[stat])
     runs.add(f"{name}_cpu_us_per_event", result.shipper_cpu_us_per_event)
     runs.add(f"{name}_broker_cpu_us_per_event", result.broker_cpu_us_per_event)
 
@@ -1074,11 +1156,23 @@ def build_result(
                 round(m[f"ours_latency_{stat}"], 1),
                 round(m[f"anchor_latency_{stat}"], 1),
                 unit="us",
-                title=f"Caller's wait per send, {latency_titles[stat]} (ours: on disk)",
+                title=f"Caller's wait per send, {latency_titles[stat]}",
                 anchor_is=rsyslog,
                 higher_is_better=False,
             )
             for stat in ("p50_us", "p99_us", "p999_us")
+        ),
+        *(
+            figure(
+                f"ours_ack_latency_{stat.removesuffix('_us')}",
+                round(m[f"ours_ack_latency_{stat}"], 1),
+                round(m[f"anchor_latency_{stat}"], 1),
+                unit="us",
+                title=f"Ours: send until on disk, {latency_titles[stat]} (anchor: its send)",
+                anchor_is=rsyslog,
+                higher_is_better=False,
+            )
+            for stat in ("p50_us", "p99_us")
         ),
         figure(
             "sigkill_delivered_fraction",
@@ -1130,9 +1224,15 @@ def build_result(
             }
             for side in ("ours", "anchor")
         },
-        "latency_note": "not the same promise: a syslog datagram send() returns once the "
+        "ack_latency_us": {
+            stat: round(m[f"ours_ack_latency_{stat}"], 1)
+            for stat in ("p50_us", "p99_us", "p999_us")
+        },
+        "latency_note": "both callers fire and go: a syslog datagram send() returns once the "
         "kernel queued it on rsyslogd's socket (nothing is on disk, rsyslogd may not have read "
-        "it); the eventspool Client's send() returns once the event is in the agent's spool file",
+        "it, and the caller never learns more); the eventspool Client's send_async() returns "
+        "once the event is queued for the agent, and its future resolves once the event is in "
+        "the agent's spool file (ack_latency_us: from the call until then)",
         "sigkill": {
             "totals": {"ours": totals("ours"), "anchor": totals("anchor")},
             "lost_per_kill": {side: kill_spread(ledgers, side) for side in ("ours", "anchor")},
@@ -1156,7 +1256,8 @@ def build_result(
             "topic_partitions": PARTITIONS,
             "caller_threads": CALLER_THREADS,
             "ours": "eventspool agent process, default settings; one Client shared by the "
-            "caller threads, send(topic, value)",
+            "caller threads: send_async(topic, value) in the end-to-end runs (each future "
+            "checked), send(topic, value) in the SIGKILL runs",
             "anchor": "rsyslogd -n, imuxsock on its own socket (rate limit off) -> omkafka "
             "(lz4, idempotent, acks=all) with a LinkedList disk-assisted action queue "
             "(queue.filename, size 100000, maxDiskSpace 1g, saveOnShutdown on, "

@@ -504,3 +504,27 @@ def test_close_does_not_hang_on_a_frozen_agent(agent_factory: AgentFactory) -> N
             os.kill(pid, signal.SIGCONT)
 
     run(main())
+
+
+# ---- send_many -------------------------------------------------------------------------
+
+
+def test_send_many_answers_each_event_in_order(
+    agent_factory: AgentFactory, broker: LocalBroker, topic_factory: TopicFactory
+) -> None:
+    topic = topic_factory(2)
+    agent = started(agent_factory)
+
+    async def main() -> list[object]:
+        async with AsyncClient(agent.socket_path) as client:
+            return list(
+                await client.send_many(
+                    topic, [b"plain", (b"keyed", "user-1"), (b"x" * 200_000, None), None]
+                )
+            )
+
+    outcomes = run(main())
+    assert isinstance(outcomes[2], EventTooLargeError)
+    ids = [outcome for outcome in outcomes if isinstance(outcome, str)]
+    assert len(ids) == 3
+    assert_reached_kafka(broker, [topic], ids)

@@ -1,20 +1,30 @@
-"""The blocking Client checks its arguments as Spool.send() does, before batching.
+"""The blocking Client: argument checks, pipelining, send_many() and send_async().
 
 A bad argument must fail its own call: were it let through to the batch written for
-every waiting thread, the others' sends would fail with it. The errors come before any
-connection, so no agent is needed.
+every waiting thread, the others' sends would fail with it. Those errors come before any
+connection, so no agent is needed; the rest run against a real agent.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from eventspool import InvalidEventError, InvalidTopicError
-from eventspool.client.sync import Client
+from eventspool import EventTooLargeError, InvalidEventError, InvalidTopicError
+from eventspool.broker import LocalBroker
+from eventspool.client.common import BatchEvent
+from eventspool.client.sync import AgentError, Client
+from eventspool.verify import consume_event_ids, ledger
+from tests.agent import conftest as agent_fixtures
+from tests.agent.conftest import AgentFactory
+
+# pytest collects fixtures from module attributes by attribute name (see test_aio.py).
+agent_factory = agent_fixtures.agent_factory
 
 
 @pytest.mark.parametrize(
@@ -77,3 +87,89 @@ def test_a_bad_argument_in_one_thread_never_strands_the_others(tmp_path: Path) -
         thread.join(10)
     assert not any(thread.is_alive() for thread in threads)
     assert outcomes == ["AgentError"] * 8
+
+
+# ---- against a running agent -------------------------------------------------------------
+
+
+def test_send_many_answers_each_event_in_order(
+    agent_factory: AgentFactory, broker: LocalBroker, topic_factory: Callable[[int], str]
+) -> None:
+    topic = topic_factory(2)
+    agent = agent_factory()
+    agent.start()
+    events: list[BatchEvent] = [b"plain", (b"keyed", "user-1"), (b"x" * 200_000, None)]
+    events += [(b"with a header", b"k", [("trace", b"t-1")]), None]
+    with Client(agent.socket_path) as client:
+        outcomes = client.send_many(topic, events)
+        assert client.send_many(topic, []) == []
+        with pytest.raises(InvalidEventError, match="tuple of 4"):
+            client.send_many(topic, [(b"v", None, None, None)])  # type: ignore[list-item]
+    assert isinstance(outcomes[2], EventTooLargeError)
+    ids = [outcome for outcome in outcomes if isinstance(outcome, str)]
+    assert len(ids) == 4
+    seen = consume_event_ids(broker.bootstrap_servers, [topic], ids, timeout=60)
+    assert ledger(ids, seen).lost == 0
+
+
+def test_send_async_futures_resolve_without_waiting_callers(
+    agent_factory: AgentFactory, broker: LocalBroker, topic_factory: Callable[[int], str]
+) -> None:
+    """Many futures from many threads, nobody waiting on them until the end: the
+    client's reader thread must settle them all."""
+    topic = topic_factory(3)
+    agent = agent_factory()
+    agent.start()
+    futures: list[Future[str]] = []
+    with Client(agent.socket_path) as client:
+
+        def fire(thread: int) -> None:
+            futures.extend(
+                client.send_async(topic, b"thread %d event %d" % (thread, n)) for n in range(500)
+            )
+
+        threads = [threading.Thread(target=fire, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        not_done = wait(futures, timeout=30).not_done
+        too_large = client.send_async(topic, b"x" * 200_000)
+        assert isinstance(too_large.exception(10), EventTooLargeError)
+    assert not not_done
+    ids = [future.result() for future in futures]
+    assert len(set(ids)) == 4000
+    seen = consume_event_ids(broker.bootstrap_servers, [topic], ids, timeout=60)
+    assert ledger(ids, seen).lost == 0
+
+
+def test_send_async_to_a_dead_agent_fails_its_future(tmp_path: Path) -> None:
+    with Client(tmp_path / "nobody.sock", timeout=0.3) as client:
+        future = client.send_async("fine", b"x")
+        assert isinstance(future.exception(5), AgentError)
+
+
+def test_one_client_shared_by_sixteen_threads_pipelines_their_sends(
+    agent_factory: AgentFactory, broker: LocalBroker, topic_factory: Callable[[int], str]
+) -> None:
+    """Each thread's send returns its own id; a caller alone with its answer reads it."""
+    topic = topic_factory(4)
+    agent = agent_factory()
+    agent.start()
+    ids: list[str] = []
+    with Client(agent.socket_path) as client:
+
+        def send(thread: int) -> None:
+            for n in range(200):
+                ids.append(client.send(topic, b"thread %d event %d" % (thread, n)))
+
+        threads = [threading.Thread(target=send, args=(n,)) for n in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert client.stats()["connections"] == 1
+        assert client.ping() < 5
+    assert len(set(ids)) == 3200
+    seen = consume_event_ids(broker.bootstrap_servers, [topic], ids, timeout=60)
+    assert ledger(ids, seen).lost == 0

@@ -122,6 +122,7 @@ class AgentServer:
             "dead_letters": sender.dead_letters.count if sender else 0,
             "broker_connected": sender.connected if sender else False,
             "protocol_errors": self.protocol_errors,
+            "connections": len(self._connections),
             "throttle_seconds": self.quotas.counters.throttle_seconds,
             "exchanges": {
                 info.exchange.name: exchange_json(info) for info in self.spool.exchanges()

@@ -21,6 +21,7 @@ import json
 import os
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -41,7 +42,14 @@ from eventspool.agent.protocol import (
     encode_publish,
     encode_send,
 )
-from eventspool.client.common import routed_wire_event, wire_event, wire_size
+from eventspool.client.common import (
+    BatchEvent,
+    Outcome,
+    routed_wire_event,
+    split_batch_event,
+    wire_event,
+    wire_size,
+)
 from eventspool.client.sync import AgentError, raise_for
 from eventspool.envelope import HeadersInput
 from eventspool.errors import EventspoolError, InvalidEventError
@@ -194,6 +202,40 @@ class AsyncClient:
                 routing_key=routing_key,
             )
         return await self._submit(send, send.future)
+
+    async def send_many(self, topic: str, events: Iterable[BatchEvent]) -> list[Outcome]:
+        """Hand a batch of events for one topic to the agent, as `Client.send_many()` does.
+
+        Each event is a value, or a (value, key) or (value, key, headers) tuple. Returns
+        each event's outcome in order: its event_id, or the error that refused it. Raises
+        AgentError when the agent cannot be reached; InvalidEventError, before anything
+        is queued, for an argument the wire cannot carry.
+        """
+        loop = self._running_loop()
+        sends = []
+        for item in events:
+            value, key, headers = split_batch_event(item)
+            event = wire_event(topic, value, key, headers)
+            sends.append(_Send(topic, event, wire_size(event), loop.create_future()))
+        if not sends:
+            return []
+        self._pending.extend(sends)
+        self._wake.set()
+        outcomes: list[Outcome] = []
+        try:
+            async with asyncio.timeout(self.timeout):
+                for send in sends:
+                    try:
+                        outcomes.append(await send.future)
+                    except AgentError:
+                        raise
+                    except EventspoolError as exc:
+                        outcomes.append(exc)
+        except TimeoutError:
+            for send in sends:
+                send.future.cancel()
+            raise AgentError(self._timeout_message(sends[0])) from None
+        return outcomes
 
     async def ping(self) -> float:
         """Round-trip time to the agent in seconds, queued behind the sends already issued."""

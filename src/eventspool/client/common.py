@@ -9,8 +9,35 @@ from __future__ import annotations
 from eventspool.agent.protocol import WireEvent
 from eventspool.config import validate_topic
 from eventspool.envelope import HeadersInput, normalize_headers
-from eventspool.errors import InvalidEventError
+from eventspool.errors import EventspoolError, InvalidEventError
 from eventspool.routing.exchanges import validate_routing_key
+
+#: What `send_many()` takes per event: a value, or (value, key) or (value, key, headers).
+BatchEvent = (
+    bytes
+    | None
+    | tuple[bytes | None, bytes | str | None]
+    | tuple[bytes | None, bytes | str | None, HeadersInput | None]
+)
+
+#: One event's fate in `send_many()`: its event_id, or the error that refused it.
+Outcome = str | EventspoolError
+
+
+def split_batch_event(
+    item: BatchEvent,
+) -> tuple[bytes | None, bytes | str | None, HeadersInput | None]:
+    """(value, key, headers) of one `send_many()` event."""
+    if isinstance(item, tuple):
+        if len(item) == 2:
+            return item[0], item[1], None
+        if len(item) == 3:
+            return item
+        raise InvalidEventError(
+            f"a send_many() event is a value or a (value, key[, headers]) tuple, "
+            f"got a tuple of {len(item)}"
+        )
+    return item, None, None
 
 
 def wire_event(

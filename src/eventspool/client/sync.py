@@ -49,7 +49,14 @@ from eventspool.agent.protocol import (
     encode_publish,
     encode_send,
 )
-from eventspool.client.common import routed_wire_event, wire_event, wire_size
+from eventspool.client.common import (
+    BatchEvent,
+    Outcome,
+    routed_wire_event,
+    split_batch_event,
+    wire_event,
+    wire_size,
+)
 from eventspool.envelope import HeadersInput
 from eventspool.errors import (
     EventspoolError,
@@ -89,18 +96,8 @@ def raise_for(result: EventResult) -> str:
     raise _ERRORS.get(result.status, AgentError)(result.text)
 
 
-#: What `send_many()` takes per event: a value, or (value, key) or (value, key, headers).
-BatchEvent = (
-    bytes
-    | None
-    | tuple[bytes | None, bytes | str | None]
-    | tuple[bytes | None, bytes | str | None, HeadersInput | None]
-)
-
 _READ_SIZE = 256 * 1024
 _MAX_BACKOFF_S = 1.0
-
-Outcome = str | EventspoolError
 
 
 class _Reply:
@@ -313,11 +310,7 @@ class Client:
         batch = list(events)
         reply = _Reply(len(batch))
         for index, item in enumerate(batch):
-            if isinstance(item, tuple):
-                value, key, *rest = item
-                headers = rest[0] if rest else None
-            else:
-                value, key, headers = item, None, None
+            value, key, headers = split_batch_event(item)
             waiting = self._waiting(
                 topic, value, key, headers, exchange=None, routing_key="", reply=reply
             )
