@@ -142,7 +142,6 @@ def intake_send(
     body: bytes,
     fallback: Callable[[str, bytes | None, bytes | None], tuple[int, bytes]],
 ) -> tuple[bytes, int] | None: ...
-
 def decode_results(body: bytes) -> list[str | tuple[int, str]]: ...
 
 class AckTracker:
