@@ -251,7 +251,8 @@ def handoff_ceiling(threads: int, seconds: float) -> float:
 
     def waker() -> None:
         while (slot := ready.get()) >= 0:
-            locks[slot].release()
+            with contextlib.suppress(RuntimeError):  # released by the clean-up below
+                locks[slot].release()
 
     workers = [threading.Thread(target=caller, args=(n,), daemon=True) for n in range(threads)]
     releaser = threading.Thread(target=waker, daemon=True)
@@ -262,10 +263,11 @@ def handoff_ceiling(threads: int, seconds: float) -> float:
     stop.set()
     elapsed = time.monotonic() - started
     total = sum(counts)
-    for lock in locks:
+    ready.put(-1)
+    releaser.join(5)
+    for lock in locks:  # a caller that queued itself after the stop is still waiting
         with contextlib.suppress(RuntimeError):
             lock.release()
-    ready.put(-1)
     for thread in workers:
         thread.join(5)
     return total / elapsed
