@@ -247,19 +247,10 @@ class Client:
         `topic=None`) the agent routes the event by `routing_key`, as `Spool.send()` does.
         """
         reply = _Reply(1)
-        self._submit(
-            [
-                self._waiting(
-                    topic,
-                    value,
-                    key,
-                    headers,
-                    exchange=exchange,
-                    routing_key=routing_key,
-                    reply=reply,
-                )
-            ]
+        item = self._waiting(
+            topic, value, key, headers, exchange=exchange, routing_key=routing_key, reply=reply
         )
+        self._submit([item])
         outcome = self._wait(reply)[0]
         if isinstance(outcome, str):
             return outcome
@@ -282,19 +273,10 @@ class Client:
         (`future.result(timeout)` does).
         """
         reply = _FutureReply()
-        self._submit(
-            [
-                self._waiting(
-                    topic,
-                    value,
-                    key,
-                    headers,
-                    exchange=exchange,
-                    routing_key=routing_key,
-                    reply=reply,
-                )
-            ]
+        item = self._waiting(
+            topic, value, key, headers, exchange=exchange, routing_key=routing_key, reply=reply
         )
+        self._submit([item])
         return reply.future
 
     def send_many(self, topic: str, events: Iterable[BatchEvent]) -> list[Outcome]:
@@ -397,8 +379,7 @@ class Client:
                 reply.wait(left)
             else:
                 self._read(connection, reply, deadline)
-        outcomes = [outcome for outcome in reply.outcomes if outcome is not None]
-        return outcomes
+        return [outcome for outcome in reply.outcomes if outcome is not None]
 
     def _control(self, frame_type: FrameType, answer: FrameType) -> bytes:
         control = _Control(frame_type, answer)
