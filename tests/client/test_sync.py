@@ -7,7 +7,10 @@ connection, so no agent is needed; the rest run against a real agent.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from pathlib import Path
@@ -141,6 +144,56 @@ def test_send_async_futures_resolve_without_waiting_callers(
     assert len(set(ids)) == 4000
     seen = consume_event_ids(broker.bootstrap_servers, [topic], ids, timeout=60)
     assert ledger(ids, seen).lost == 0
+
+
+def test_one_caller_firing_send_async_shares_frames(
+    agent_factory: AgentFactory, broker: LocalBroker, topic_factory: Callable[[int], str]
+) -> None:
+    """Events fired while one for their topic is in flight go out together after its
+    answer: far fewer requests than events, where writing each at once makes one each."""
+    topic = topic_factory(2)
+    agent = agent_factory()
+    agent.start()
+    with Client(agent.socket_path) as client:
+        client.send(topic, b"connect")
+        before = client.stats()["requests"]
+        futures = [client.send_async(topic, b"event %d" % n) for n in range(5000)]
+        assert not wait(futures, timeout=60).not_done
+        requests = client.stats()["requests"] - before - 1  # the STATS is no request
+    ids = [future.result() for future in futures]
+    assert len(set(ids)) == 5000
+    assert requests <= 2500, f"{requests} requests for 5,000 events"
+    seen = consume_event_ids(broker.bootstrap_servers, [topic], ids, timeout=60)
+    assert ledger(ids, seen).lost == 0
+
+
+def test_send_async_waits_while_max_queued_events_await_their_answer(
+    agent_factory: AgentFactory, topic_factory: Callable[[int], str]
+) -> None:
+    """With the agent stopped (SIGSTOP), calls within the bound return at once and the
+    next waits for its own answer, which comes once the agent runs again (SIGCONT)."""
+    topic = topic_factory(1)
+    agent = agent_factory()
+    agent.start()
+    with Client(agent.socket_path, max_queued=50) as client:
+        client.send(topic, b"connect")
+        os.kill(agent.pid, signal.SIGSTOP)
+        resume = threading.Timer(1.0, os.kill, (agent.pid, signal.SIGCONT))
+        try:
+            started = time.monotonic()
+            futures = [client.send_async(topic, b"event %d" % n) for n in range(50)]
+            within_bound = time.monotonic() - started
+            resume.start()
+            over = client.send_async(topic, b"over the bound")
+            waited = time.monotonic() - started
+        finally:
+            resume.join()
+            os.kill(agent.pid, signal.SIGCONT)
+        assert over.done(), "the call over the bound returns once its event is answered"
+        assert within_bound < 0.9
+        assert waited >= 0.9
+        ids = [future.result(30) for future in [*futures, over]]
+    assert len(set(ids)) == 51
 
 
 def test_send_async_to_a_dead_agent_fails_its_future(tmp_path: Path) -> None:

@@ -109,6 +109,7 @@ class AgentServer:
         self._topic_waits: dict[str, bool] = {}
         self.accepting = True
         self.protocol_errors = 0
+        self.requests = 0  # SEND and PUBLISH frames: events / requests is the batching
 
     def stats(self) -> dict[str, object]:
         """What STATS answers: every queue, the sender's counters, connectivity."""
@@ -123,6 +124,7 @@ class AgentServer:
             "broker_connected": sender.connected if sender else False,
             "protocol_errors": self.protocol_errors,
             "connections": len(self._connections),
+            "requests": self.requests,
             "throttle_seconds": self.quotas.counters.throttle_seconds,
             "exchanges": {
                 info.exchange.name: exchange_json(info) for info in self.spool.exchanges()
@@ -587,6 +589,7 @@ class _FrameConnection(asyncio.Protocol):
         server = self.server
         if frame.type is not FrameType.SEND and frame.type is not FrameType.PUBLISH:
             return server.answer_now(frame)
+        server.requests += 1
         queue = server.queue_of(frame)
         if queue is not None:
             self._enqueue(queue, frame)

@@ -9,8 +9,17 @@ wakes exactly those. A reader whose own answer came leaves the reading to the cl
 reader thread if other answers are due. No caller polls, one caller alone pays one
 wake-up per call, and many callers share the round trips.
 
+An event for a topic that already has a request in flight is not written at once: the
+reader writes it, with everything queued meanwhile, as soon as it has handled its next
+answers. Callers that fire faster than the round trip so share frames (one write and
+one answer per frame, not per event), and the agent keeps one topic's requests in order
+anyway. The reader never waits for room in the socket: what does not fit waits until the
+socket is writable again, and it reads answers meanwhile, so a full socket both ways
+cannot stall the two sides.
+
 `send_many()` hands a batch for one topic over in one call; `send_async()` returns at
 once with a future, for callers that want fire-and-go latency yet learn each outcome.
+At most `max_queued` of its events wait for an answer; a call over that waits for its own.
 
 A broken connection fails the requests written on it with AgentError (their outcome is
 unknown: the agent may have spooled them before it died); the next call reconnects,
@@ -20,14 +29,17 @@ with backoff for as long as `timeout` allows.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
+import select
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +109,8 @@ def raise_for(result: EventResult) -> str:
 
 
 _READ_SIZE = 256 * 1024
+# How many `max_batch` chunks the reader writes at most per turn between its reads.
+_READER_BATCHES = 16
 _MAX_BACKOFF_S = 1.0
 
 
@@ -130,18 +144,41 @@ class _Reply:
         return self._lock.acquire(timeout=timeout)
 
 
+class _Outstanding:
+    """How many `send_async()` events were queued and settled; `itertools.count` steps
+    atomically, so callers and readers count without a lock."""
+
+    __slots__ = ("queued", "settled", "settled_total")
+
+    def __init__(self) -> None:
+        self.queued = itertools.count(1)
+        self.settled = itertools.count(1)
+        self.settled_total = 0
+
+    def add(self) -> int:
+        """Count one more queued; roughly how many are unsettled, ample for a bound."""
+        return next(self.queued) - self.settled_total
+
+
 class _FutureReply(_Reply):
     """The reply of `send_async()`: a future, settled by whoever reads the answer."""
 
-    __slots__ = ("future",)
+    __slots__ = ("future", "outstanding")
 
-    def __init__(self) -> None:  # no lock: nobody waits on it, the future is the reply
+    def __init__(self, outstanding: _Outstanding) -> None:  # no lock: the future is the reply
         self.done = False
         self.future: Future[str] = Future()
+        self.outstanding = outstanding
+
+    def wait(self, timeout: float) -> bool:
+        return bool(futures_wait((self.future,), timeout).done)
 
     def set(self, index: int, outcome: Outcome) -> None:
+        if self.done:
+            return
         self.done = True
-        if self.future.done():
+        self.outstanding.settled_total = next(self.outstanding.settled)
+        if self.future.done():  # cancelled by its caller
             return
         if isinstance(outcome, str):
             self.future.set_result(outcome)
@@ -173,17 +210,31 @@ class _Control:
 
 _Request = list[_Waiting] | _Control
 
+#: The topic (or exchange) of a SEND (PUBLISH) in flight.
+_Target = tuple[str | None, str | None]
+
 
 class _Connection:
     """One socket to the agent, what awaits an answer on it, and who reads it now."""
 
     def __init__(self, sock: socket.socket, max_frame: int) -> None:
         self.sock = sock
+        self.fd = sock.fileno()  # non-blocking: the socket has a timeout
         self.decoder = FrameDecoder(max_frame)
         self.in_flight: dict[int, _Request] = {}
+        # SENDs and PUBLISHes in flight per target: an event for a busy target waits
+        # for the reader, which writes it with the others queued meanwhile, in one frame.
+        self.targets: dict[_Target, int] = {}
+        # Frames the reader wrote only in part; the writer role owns it.
+        self.unsent = b""
+        self.poller = select.poll()
+        self.poller.register(self.fd, select.POLLIN)
         self.closed = False
         self.answered = False
         self.reading = False
+        # True while a reader handles answers it has received: it writes what is queued
+        # before it reads again, so callers that see it busy leave their events to it.
+        self.reader_busy = False
         self.reader: threading.Thread | None = None
 
 
@@ -205,6 +256,7 @@ class Client:
         *,
         timeout: float = 10.0,
         max_batch: int = 1000,
+        max_queued: int = 100_000,
         reconnect_backoff_s: float = 0.05,
         max_frame_bytes: int = DEFAULT_MAX_FRAME,
     ) -> None:
@@ -212,10 +264,14 @@ class Client:
             raise ValueError(f"timeout={timeout}: must be positive")
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch}: must be at least 1")
+        if max_queued < 1:
+            raise ValueError(f"max_queued={max_queued}: must be at least 1")
         self.socket_path = Path(socket_path)
         self.max_frame_bytes = max_frame_bytes
         self.timeout = timeout
         self.max_batch = max_batch
+        self.max_queued = max_queued
+        self._outstanding = _Outstanding()
         self.reconnect_backoff_s = reconnect_backoff_s
         self._lock = threading.Lock()
         # The reader thread waits here for answers that no caller is reading.
@@ -270,13 +326,20 @@ class Client:
 
         Arguments are checked as in `send()`, and a bad one raises here. The future fails
         with AgentError when the agent cannot be reached; it does not time out by itself
-        (`future.result(timeout)` does).
+        (`future.result(timeout)` does). While more than `max_queued` events of this
+        client await their answer, the call waits for its own (at most `timeout`): callers
+        that fire faster than the agent spools are slowed to its pace, not left to fill
+        the memory, as librdkafka's `queue.buffering.max.messages` does.
         """
-        reply = _FutureReply()
+        outstanding = self._outstanding
+        reply = _FutureReply(outstanding)
         item = self._waiting(
             topic, value, key, headers, exchange=exchange, routing_key=routing_key, reply=reply
         )
         self._submit([item])
+        if outstanding.add() > self.max_queued:
+            with contextlib.suppress(AgentError):  # queued all the same: the future tells
+                self._wait(reply)
         return reply.future
 
     def send_many(self, topic: str, events: Iterable[BatchEvent]) -> list[Outcome]:
@@ -379,6 +442,8 @@ class Client:
                 reply.wait(left)
             else:
                 self._read(connection, reply, deadline)
+        if type(reply) is _FutureReply:
+            return []
         return [outcome for outcome in reply.outcomes if outcome is not None]
 
     def _control(self, frame_type: FrameType, answer: FrameType) -> bytes:
@@ -390,10 +455,27 @@ class Client:
         return control.body
 
     def _submit(self, items: Sequence[_Waiting | _Control]) -> None:
-        """Queue requests; write them unless another caller is writing (it takes them)."""
+        """Queue requests; write them unless another thread is writing (it takes them).
+
+        An event for a target with a request in flight, or queued while the reader
+        handles answers, is left to the reader: it writes after its next answers, so
+        callers that fire faster than the round trip share frames instead of each paying
+        a write and a wake-up. The agent answers one target's requests in order anyway.
+        """
         if self._closed:
             raise AgentError(f"agent at {self.socket_path}: the client is closed")
         self._pending.extend(items)
+        connection = self._connection
+        if connection is not None:
+            first = items[0]
+            if connection.reader_busy or (
+                type(first) is _Waiting and (first.topic, first.exchange) in connection.targets
+            ):
+                return
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write what is queued, unless another thread is writing (it takes it along)."""
         # Whoever holds the writer role looks at the queue again after letting go of it,
         # so a request queued while it was letting go is never left behind.
         while self._pending and self._writer.acquire(blocking=False):
@@ -410,16 +492,54 @@ class Client:
             batch = _take(self._pending, self.max_batch)
             if not batch:
                 return
+            if self._closed:  # queued just before close(); a closed client connects no more
+                self._fail(batch, AgentError(f"agent at {self.socket_path}: the client was closed"))
+                continue
             try:
                 connection = self._connect()
             except OSError as exc:
                 reason = exc.strerror or str(exc) or type(exc).__name__
                 self._fail(batch, AgentError(f"agent at {self.socket_path}: {reason}"))
                 continue
-            self._write_batch(connection, batch)
+            data = connection.unsent + self._frames(connection, batch)
+            connection.unsent = b""
+            self._write_waiting(connection, data)
 
-    def _write_batch(self, connection: _Connection, batch: list[_Waiting | _Control]) -> None:
-        """Encode and write a batch; only the writer calls this, so ids need no lock."""
+    def _write_waiting(self, connection: _Connection, data: bytes) -> None:
+        """Write all of `data`, waiting for room when the socket is full.
+
+        Only a caller waits here, and only while someone reads the answers: an agent
+        whose answers are not read stops reading requests.
+        """
+        try:
+            written = _write_now(connection, data)
+            if written < len(data):
+                with self._lock:
+                    if not connection.reading:
+                        self._reader_wanted.notify()
+                connection.sock.sendall(data[written:])
+        except OSError as exc:
+            self._drop(connection, f"writing failed: {exc}")
+
+    def _flush_from_reader(self, connection: _Connection) -> None:
+        """The reader writes what callers left to it, never waiting for room: whatever
+        the socket does not take now stays in `unsent` until it polls writable."""
+        while (self._pending or connection.unsent) and self._writer.acquire(blocking=False):
+            try:
+                if connection.closed or self._connection is not connection:
+                    return  # queued events go out on the next connection, by a caller
+                batch = _take(self._pending, _READER_BATCHES * self.max_batch)
+                data = connection.unsent + (self._frames(connection, batch) if batch else b"")
+                written = _write_now(connection, data)
+                connection.unsent = data[written:]
+                if connection.unsent:
+                    return
+            finally:
+                self._writer.release()
+
+    def _frames(self, connection: _Connection, batch: list[_Waiting | _Control]) -> bytes:
+        """Encode a batch and note it in flight; only the writer calls this, so ids need
+        no lock."""
         frames = []
         requests: dict[int, _Request] = {}
         for request in self._requests(batch):
@@ -435,16 +555,18 @@ class Client:
                 continue
             requests[request_id] = request
             frames.append(frame)
+        targets = connection.targets
         with self._lock:
             connection.in_flight.update(requests)
+            for request in requests.values():
+                if type(request) is list:
+                    target = (request[0].topic, request[0].exchange)
+                    targets[target] = targets.get(target, 0) + 1
             if not connection.reading and any(
                 type(item.reply) is _FutureReply for item in batch if isinstance(item, _Waiting)
             ):
                 self._reader_wanted.notify()
-        try:
-            connection.sock.sendall(b"".join(frames))
-        except OSError as exc:
-            self._drop(connection, f"writing failed: {exc}")
+        return b"".join(frames)
 
     def _requests(self, batch: list[_Waiting | _Control]) -> list[_Request]:
         """One SEND per topic (PUBLISH per exchange), split to stay under the agent's maximum."""
@@ -541,11 +663,17 @@ class Client:
         reason = ""
         try:
             while True:
+                # Not busy first, then the queue: a caller queues first, then looks at
+                # `reader_busy`, so whatever it left to this reader is written here.
+                connection.reader_busy = False
+                self._flush_from_reader(connection)
                 if reply is not None:
                     if reply.done or time.monotonic() >= (deadline or 0.0):
                         break
                 elif not connection.in_flight:
                     break
+                if connection.unsent and not self._readable_or_writable(connection, deadline):
+                    continue  # room to write the rest: do it before reading on
                 try:
                     data = connection.sock.recv(_READ_SIZE)
                 except TimeoutError:
@@ -554,20 +682,40 @@ class Client:
                 if not data:
                     reason = "the agent closed the connection"
                     break
+                connection.reader_busy = True
                 for frame in connection.decoder.feed(data):
                     self._answer(connection, frame)
         except (OSError, ProtocolError) as exc:
             reason = str(exc) or type(exc).__name__
+        connection.reader_busy = False
         with self._lock:
             connection.reading = False
             if connection.in_flight and not connection.closed:
                 self._reader_wanted.notify()
         if reason:
             self._drop(connection, reason)
+        self._flush()
+
+    def _readable_or_writable(self, connection: _Connection, deadline: float | None) -> bool:
+        """Wait until answers come (True) or the socket takes more (False)."""
+        left = self.timeout if deadline is None else max(deadline - time.monotonic(), 0.0)
+        connection.poller.modify(connection.fd, select.POLLIN | select.POLLOUT)
+        try:
+            ready = connection.poller.poll(left * 1000)
+        finally:
+            connection.poller.modify(connection.fd, select.POLLIN)
+        return not ready or any(event & ~select.POLLOUT for _, event in ready)
 
     def _answer(self, connection: _Connection, frame: Frame) -> None:
         with self._lock:
             request = connection.in_flight.pop(frame.request_id, None)
+            if type(request) is list:
+                target = (request[0].topic, request[0].exchange)
+                left = connection.targets[target] - 1
+                if left:
+                    connection.targets[target] = left
+                else:
+                    del connection.targets[target]
         if request is None:
             if frame.type is FrameType.ERROR:
                 refusal = decode_error(frame.body).text
@@ -613,6 +761,7 @@ class Client:
                 self._connection = None
             requests = list(connection.in_flight.values())
             connection.in_flight.clear()
+            connection.targets.clear()
             if connection.answered:
                 self._backoff = 0.0
             else:
@@ -636,6 +785,14 @@ class Client:
                 item.reply.set(0, error)
             else:
                 item.reply.set(item.index, error)
+
+
+def _write_now(connection: _Connection, data: bytes) -> int:
+    """Bytes of `data` the socket took without waiting."""
+    try:
+        return os.write(connection.fd, data)
+    except BlockingIOError:
+        return 0
 
 
 def _take(queue: deque[_Waiting | _Control], most: int) -> list[_Waiting | _Control]:
