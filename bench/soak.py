@@ -113,7 +113,7 @@ from _soak_workload import (
 )
 from eventspool.broker import create_topic
 from eventspool.client.sync import Client
-from eventspool.consumer.endoffsets import true_end_offsets
+from eventspool.endoffsets import true_end_offsets
 from eventspool.errors import EventspoolError
 from eventspool.testing.agent import AgentProcess
 from eventspool.testing.broker import ProxiedBroker
@@ -787,7 +787,7 @@ def committed_lag(bootstrap: str, group: str) -> int:
     try:
         keys = [(topic.name, p) for topic in TOPICS for p in range(PARTITIONS)]
         committed = probe.committed([TopicPartition(t, p) for t, p in keys], timeout=10)
-        ends = true_end_offsets(probe, keys)
+        ends = true_end_offsets({"bootstrap.servers": bootstrap}, keys)
     finally:
         probe.close()
     offsets = {(tp.topic, tp.partition): max(tp.offset, 0) for tp in committed}

@@ -15,7 +15,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from eventspool.consumer.endoffsets import true_end_offsets
+from eventspool.endoffsets import true_end_offsets
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,10 @@ def consume_event_ids(
             for partition in metadata.topics[topic].partitions
         ]
         ends = (
-            true_end_offsets(consumer, [(tp.topic, tp.partition) for tp in assignment])
+            true_end_offsets(
+                {"bootstrap.servers": bootstrap_servers},
+                [(tp.topic, tp.partition) for tp in assignment],
+            )
             if to_end
             else {}
         )

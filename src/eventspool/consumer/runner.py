@@ -28,7 +28,6 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import validate_topic
-from eventspool.consumer.endoffsets import true_end_offsets
 from eventspool.consumer.offsets import CommitPolicy, PartitionOffsets
 from eventspool.consumer.pool import (
     SKIPPED,
@@ -42,6 +41,7 @@ from eventspool.consumer.pool import (
 from eventspool.consumer.record import wire_record
 from eventspool.consumer.scheduler import Pending, Scheduler, TopicPartitionKey
 from eventspool.consumer.settings import ConsumerSettings
+from eventspool.endoffsets import EndOffsetsError, true_end_offsets
 from eventspool.errors import EventspoolError
 
 log = logging.getLogger("eventspool.consumer")
@@ -819,33 +819,19 @@ class Consumer:
     def _lag_loop(self) -> None:
         """Measure true end offsets on a timer, off the poll thread: the probe may take a
         fetch round trip per partition, which the poll loop must never wait for."""
-        probe = KafkaConsumer(
-            {
-                "bootstrap.servers": self._bootstrap,
-                "group.id": f"{self.group}.lag-probe",
-                "enable.auto.commit": False,
-                **{
-                    k: v
-                    for k, v in self._settings.kafka.items()
-                    if k.startswith(("security.", "sasl.", "ssl."))
-                },
-            }
-        )
-        try:
-            while not self._stopped.is_set():
-                status = self._shared.status
-                keys = [(p.topic, p.partition) for p in status.partitions] if status else []
-                if keys:
-                    try:
-                        ends = true_end_offsets(probe, keys)
-                    except KafkaException as exc:
-                        log.debug("consumer group %s: end offsets: %s", self.group, exc)
-                    else:
-                        self._shared.ends = {**self._shared.ends, **ends}
-                self._lag_wakeup.wait(self._settings.lag_interval_s)
-                self._lag_wakeup.clear()
-        finally:
-            probe.close()
+        kafka = {**self._settings.kafka, "bootstrap.servers": self._bootstrap}
+        while not self._stopped.is_set():
+            status = self._shared.status
+            keys = [(p.topic, p.partition) for p in status.partitions] if status else []
+            if keys:
+                try:
+                    ends = true_end_offsets(kafka, keys)
+                except (EndOffsetsError, KafkaException) as exc:
+                    log.debug("consumer group %s: end offsets: %s", self.group, exc)
+                else:
+                    self._shared.ends = {**self._shared.ends, **ends}
+            self._lag_wakeup.wait(self._settings.lag_interval_s)
+            self._lag_wakeup.clear()
 
 
 def _names(partitions: Iterable[TopicPartition]) -> str:

@@ -3,12 +3,9 @@
 Nothing is ever committed to Kafka and no consumer group is joined (partitions are
 assigned): offsets live in Spark's checkpoint, and group joins are slow on some brokers.
 
-Exact end offsets. A broker's high watermark should be the last offset plus one. The
-embedded broker reports the base offset of the last record batch plus one instead, so
-the end is found by fetching from ``high watermark - 1`` up to the end of the log, which
-returns the rest of the last batch; on a correct broker that fetch returns the batch
-holding the last record and changes nothing. It is not cached: a topic deleted and
-recreated between two looks can show the same watermarks with a different end.
+Exact end offsets come from `eventspool.endoffsets`, the probe the consumer's lag and
+`eventspool.verify` use too: the embedded broker's high watermark lags behind the last
+record, so the end is read from the log itself.
 
 Timestamps. ``offsets_for_times`` gives the first offset whose timestamp is at least the
 one asked for; the embedded broker answers 0 for every timestamp. The answer is
@@ -20,13 +17,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from eventspool.endoffsets import EndOffsetsError, scan, true_end_offsets
 from eventspool.spark.offsets import OffsetRange, TopicPartition
 from eventspool.spark.options import SourceOptions
 
@@ -139,20 +137,16 @@ class OffsetReader:
 
     def latest(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The exact next offset after the last record of each partition."""
-        result: dict[TopicPartition, int] = {}
-        probes: dict[TopicPartition, int] = {}
-        for tp in tps:
-            low, high = self._watermarks(tp)
-            if high <= low:
-                result[tp] = high
-            else:
-                probes[tp] = high
-        if probes:
-            starts = {tp: high - 1 for tp, high in probes.items()}
-            ends = self._scan(starts, lambda _tp, _message: False)
-            for tp, high in probes.items():
-                result[tp] = max(high, ends[tp])
-        return result
+        wanted = list(tps)
+        try:
+            ends = true_end_offsets(
+                consumer_config(self._options),
+                [(tp.topic, tp.partition) for tp in wanted],
+                _SCAN_TIMEOUT_S,
+            )
+        except (EndOffsetsError, KafkaException) as exc:
+            raise KafkaSourceError(str(exc)) from exc
+        return {tp: ends[(tp.topic, tp.partition)] for tp in wanted}
 
     def offsets_for_timestamp(
         self, tps: Iterable[TopicPartition], timestamp_ms: int
@@ -182,49 +176,18 @@ class OffsetReader:
                 return True
             return False
 
-        self._scan(starts, late_enough)
+        try:
+            scan(
+                consumer_config(self._options),
+                {(tp.topic, tp.partition): offset for tp, offset in starts.items()},
+                lambda key, message: late_enough(TopicPartition(*key), message),
+                _SCAN_TIMEOUT_S,
+            )
+        except (EndOffsetsError, KafkaException) as exc:
+            raise KafkaSourceError(str(exc)) from exc
         for tp in starts:
             result[tp] = found.get(tp)
         return result
-
-    def _scan(
-        self, starts: dict[TopicPartition, int], stop: Callable[[TopicPartition, Any], bool]
-    ) -> dict[TopicPartition, int]:
-        """Read each partition from its start until `stop` says so or the log ends;
-        return the next offset reached per partition (the log's end when it ended).
-
-        A consumer of its own, closed at once: librdkafka (2.x) was seen to crash in a
-        consumer that had fetched from a topic when that topic was deleted later.
-        """
-        consumer: Any = Consumer(consumer_config(self._options, **{"fetch.wait.max.ms": 10}))
-        reached = dict(starts)
-        pending = set(starts)
-        consumer.assign([_to_kafka(tp, offset) for tp, offset in starts.items()])
-        deadline = time.monotonic() + _SCAN_TIMEOUT_S
-        try:
-            while pending:
-                if time.monotonic() > deadline:
-                    raise KafkaSourceError(
-                        f"the ends of {sorted(map(str, pending))} were not reached in "
-                        f"{_SCAN_TIMEOUT_S:.0f}s"
-                    )
-                for message in consumer.consume(10_000, _POLL_S):
-                    tp = TopicPartition(message.topic(), message.partition())
-                    if tp not in pending:
-                        continue
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            reached[tp] = max(reached[tp], message.offset())
-                            pending.discard(tp)
-                            continue
-                        raise KafkaSourceError(f"reading {tp}: {error}")
-                    reached[tp] = message.offset() + 1
-                    if stop(tp, message):
-                        pending.discard(tp)
-        finally:
-            consumer.close()
-        return reached
 
 
 def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:

@@ -1,0 +1,140 @@
+"""Exact end offsets of partitions, also on brokers whose high watermark lags.
+
+Kafka's high watermark is the last offset + 1. The embedded broker reports the base
+offset of the last record batch + 1 instead, so a batch of ten records reads as one.
+Reading from `watermark - 1` up to the end of the log (librdkafka's partition EOF)
+returns the rest of that last batch, and the offset after its last record is the true
+end. On a correct broker the same read returns one record and changes nothing.
+
+One probe for every reader of ends: the consumer's lag, `eventspool.verify`, the soak
+and the Spark source's `latestOffset`. Nothing is cached: a topic deleted and recreated
+between two looks can show the same watermarks with a different end.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from eventspool.errors import EventspoolError
+
+TopicPartitionKey = tuple[str, int]
+#: Says, for a record read by `scan`, that its partition has been read far enough.
+StopAt = Callable[[TopicPartitionKey, Any], bool]
+
+_POLL_S = 0.1
+# Settings a probe copies from the caller's: where the brokers are and how to reach them.
+_CONNECTION_PREFIXES = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.")
+
+
+class EndOffsetsError(EventspoolError):
+    """The broker did not give the offsets in time, or failed a read."""
+
+
+def probe_config(kafka: Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
+    """A probe's librdkafka settings: the caller's connection settings and no group."""
+    config: dict[str, Any] = {
+        key: value for key, value in kafka.items() if key.startswith(_CONNECTION_PREFIXES)
+    }
+    config.update(
+        {
+            "group.id": f"eventspool-probe-{uuid.uuid4().hex[:12]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",
+            "fetch.wait.max.ms": 10,
+        }
+    )
+    config.update(overrides)
+    return config
+
+
+def true_end_offsets(
+    kafka: Mapping[str, Any], partitions: Iterable[TopicPartitionKey], timeout: float = 10.0
+) -> dict[TopicPartitionKey, int]:
+    """The next offset after the last record of each partition.
+
+    `kafka` holds librdkafka settings (at least `bootstrap.servers`); the probe is a
+    consumer of its own, assigned and closed within the call.
+    """
+    deadline = time.monotonic() + timeout
+    consumer: Any = Consumer(probe_config(kafka))
+    try:
+        ends: dict[TopicPartitionKey, int] = {}
+        starts: dict[TopicPartitionKey, int] = {}
+        for topic, partition in partitions:
+            low, high = _watermarks(consumer, topic, partition, deadline)
+            ends[(topic, partition)] = high
+            if high > low:
+                starts[(topic, partition)] = high - 1
+        if starts:
+            reached = _read(consumer, starts, lambda _tp, _message: False, deadline)
+            for key, end in reached.items():
+                ends[key] = max(ends[key], end)
+        return ends
+    finally:
+        consumer.close()
+
+
+def scan(
+    kafka: Mapping[str, Any],
+    starts: Mapping[TopicPartitionKey, int],
+    stop: StopAt,
+    timeout: float = 10.0,
+) -> dict[TopicPartitionKey, int]:
+    """Read each partition from its start until `stop` says so or the log ends; the next
+    offset reached per partition (the log's end where it ended)."""
+    deadline = time.monotonic() + timeout
+    consumer: Any = Consumer(probe_config(kafka))
+    try:
+        return _read(consumer, starts, stop, deadline)
+    finally:
+        # A consumer of its own, closed at once: librdkafka (2.x) was seen to crash in a
+        # consumer that had fetched from a topic when that topic was deleted later.
+        consumer.close()
+
+
+def _watermarks(consumer: Any, topic: str, partition: int, deadline: float) -> tuple[int, int]:
+    try:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=max(deadline - time.monotonic(), 0.1)
+        )
+    except KafkaException as exc:
+        raise EndOffsetsError(f"no offsets for {topic}/{partition}: {exc}") from exc
+    return int(low), int(high)
+
+
+def _read(
+    consumer: Any, starts: Mapping[TopicPartitionKey, int], stop: StopAt, deadline: float
+) -> dict[TopicPartitionKey, int]:
+    reached = dict(starts)
+    pending = set(starts)
+    if not pending:
+        return reached
+    consumer.assign(
+        [TopicPartition(topic, partition, offset) for (topic, partition), offset in starts.items()]
+    )
+    while pending:
+        if time.monotonic() > deadline:
+            names = ", ".join(f"{topic}/{partition}" for topic, partition in sorted(pending))
+            raise EndOffsetsError(f"the ends of {names} were not reached in time")
+        for message in consumer.consume(10_000, _POLL_S):
+            key = (message.topic(), message.partition())
+            if key not in pending:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    reached[key] = max(reached[key], message.offset())
+                    pending.discard(key)
+                    continue
+                raise EndOffsetsError(f"reading {key[0]}/{key[1]}: {error}")
+            reached[key] = message.offset() + 1
+            if stop(key, message):
+                pending.discard(key)
+    return reached
