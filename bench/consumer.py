@@ -16,12 +16,16 @@
     `Consumer` with 1 and then 2 workers, rate measured as in (a). Scaling = rate with 2
     workers / rate with 1. The machine has two cores, which the poll thread, librdkafka
     and the broker share with the workers.
+(c) I/O-bound handler: `async def`, awaiting 10 ms (`asyncio.sleep`) per event, K
+    events, `Consumer` with 2 workers and concurrency 100 per worker, rate measured as in
+    (a). The anchor is the ideal: workers x concurrency / 10 ms = 20,000 events/s.
 
 Runs alternate between ours and the anchor. The LAST stdout line is one JSON object.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sys
 import time
@@ -50,6 +54,11 @@ FULL_EVENTS = 300_000
 QUICK_EVENTS = 60_000
 FULL_CPU_EVENTS = 6_000
 QUICK_CPU_EVENTS = 2_000
+FULL_IO_EVENTS = 60_000
+QUICK_IO_EVENTS = 20_000
+IO_WAIT_S = 0.010
+IO_WORKERS = 2
+IO_CONCURRENCY = 100
 PARTITIONS = 4
 VALUE = b"v" * 100
 GROUP_SETTINGS = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
@@ -65,6 +74,11 @@ def burn_1ms(_record: Record) -> None:
     end = time.thread_time() + 0.001
     while time.thread_time() < end:
         pass
+
+
+async def await_10ms(_record: Record) -> None:
+    """Figure (c): an I/O-bound handler, 10 ms of waiting and no CPU to speak of."""
+    await asyncio.sleep(IO_WAIT_S)
 
 
 def fill_topic(bootstrap: str, topic: str, count: int) -> None:
@@ -83,7 +97,9 @@ def fill_topic(bootstrap: str, topic: str, count: int) -> None:
     producer.flush(60)
 
 
-def ours(bootstrap: str, topic: str, count: int, handler: Any, workers: int) -> float:
+def ours(
+    bootstrap: str, topic: str, count: int, handler: Any, workers: int, **settings: Any
+) -> float:
     """Events per second through Consumer, from status snapshots (see the module doc)."""
     consumer = Consumer(
         f"bench-ours-{uuid.uuid4().hex[:8]}",
@@ -91,7 +107,7 @@ def ours(bootstrap: str, topic: str, count: int, handler: Any, workers: int) -> 
         handler,
         workers=workers,
         bootstrap_servers=bootstrap,
-        settings=ConsumerSettings(kafka=GROUP_SETTINGS),
+        settings=ConsumerSettings(kafka=GROUP_SETTINGS, **settings),
     )
     consumer.start()
     try:
@@ -143,12 +159,14 @@ def anchor(bootstrap: str, topic: str, count: int) -> float:
 def run(args: BenchArgs) -> dict[str, object]:
     events = QUICK_EVENTS if args.quick else FULL_EVENTS
     cpu_events = QUICK_CPU_EVENTS if args.quick else FULL_CPU_EVENTS
+    io_events = QUICK_IO_EVENTS if args.quick else FULL_IO_EVENTS
     scratch = args.make_scratch("bench-consumer-")
     try:
         with LocalBroker(scratch / "broker") as broker:
             bootstrap = broker.bootstrap_servers
             fill_topic(bootstrap, "noop", events)
             fill_topic(bootstrap, "cpu", cpu_events)
+            fill_topic(bootstrap, "io", io_events)
             ours_rates: list[float] = []
             anchor_rates: list[float] = []
             for rep in range(args.repeats):
@@ -165,11 +183,26 @@ def run(args: BenchArgs) -> dict[str, object]:
                 for workers, rates in ((1, one), (2, two)):
                     rates.append(ours(bootstrap, "cpu", cpu_events, burn_1ms, workers))
                     progress(f"(b) rep {rep + 1} {workers} workers: {rates[-1]:,.0f} events/s")
+            io_rates: list[float] = []
+            for rep in range(args.repeats):
+                io_rates.append(
+                    ours(
+                        bootstrap,
+                        "io",
+                        io_events,
+                        await_10ms,
+                        IO_WORKERS,
+                        concurrency=IO_CONCURRENCY,
+                    )
+                )
+                progress(f"(c) rep {rep + 1}: {io_rates[-1]:,.0f} events/s")
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
     ours_rate, anchor_rate = median(ours_rates), median(anchor_rates)
     one_rate, two_rate = median(one), median(two)
+    io_rate = median(io_rates)
+    io_ideal = IO_WORKERS * IO_CONCURRENCY / IO_WAIT_S
     print_table(
         ["figure", "ours", "anchor", "ratio"],
         [
@@ -184,6 +217,12 @@ def run(args: BenchArgs) -> dict[str, object]:
                 f"{two_rate:,.0f}",
                 f"{one_rate:,.0f}",
                 safe_ratio(two_rate, one_rate),
+            ],
+            [
+                "(c) 10 ms async I/O events/s vs the ideal",
+                f"{io_rate:,.0f}",
+                f"{io_ideal:,.0f}",
+                safe_ratio(io_rate, io_ideal),
             ],
         ],
     )
@@ -204,10 +243,29 @@ def run(args: BenchArgs) -> dict[str, object]:
                 title="Consumer, 1 ms CPU handler, 2 worker processes",
                 anchor_is="the same with 1 worker process",
             ),
+            figure(
+                "consumer_async_io_10ms",
+                round(io_rate),
+                round(io_ideal),
+                unit="events/s",
+                title="Consumer, async handler awaiting 10 ms, 2 workers, concurrency 100",
+                anchor_is="the ideal: workers x concurrency / 10 ms",
+            ),
         ],
         "cpu_1ms_events_per_s_1_worker": round(one_rate),
         "cpu_1ms_events_per_s_2_workers": round(two_rate),
         "cpu_scaling_2_vs_1": safe_ratio(two_rate, one_rate),
+        "async_io_events_per_s": round(io_rate),
+        "async_io_ideal_events_per_s": round(io_ideal),
+        "async_io_share_of_ideal": safe_ratio(io_rate, io_ideal),
+        "goals": {"noop_ratio": 0.5, "async_io_share_of_ideal": 0.75},
+        "io_events": io_events,
+        "io_settings": {
+            "workers": IO_WORKERS,
+            "concurrency": IO_CONCURRENCY,
+            "max_buffered": ConsumerSettings().max_buffered,
+            "wait_s": IO_WAIT_S,
+        },
         "events": events,
         "cpu_events": cpu_events,
         "value_bytes": len(VALUE),

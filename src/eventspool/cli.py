@@ -246,6 +246,13 @@ main.add_command(broker)
 @click.option("--handler", required=True, help="module:function, called with each Record.")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Calls at once per worker of an async def handler (a plain function: 1).",
+)
+@click.option(
     "--bootstrap-servers",
     envvar="EVENTSPOOL_BOOTSTRAP_SERVERS",
     default="127.0.0.1:9092",
@@ -288,6 +295,7 @@ def consume(
     topics: tuple[str, ...],
     handler: str,
     workers: int,
+    concurrency: int,
     bootstrap_servers: str,
     ordering: str,
     max_buffered: int,
@@ -319,6 +327,7 @@ def consume(
     try:
         settings = ConsumerSettings(
             ordering=Ordering(ordering),
+            concurrency=concurrency,
             max_buffered=max_buffered,
             commit_every_n=commit_every_n,
             commit_every_s=commit_every_s,

@@ -6,6 +6,7 @@ from concurrent workers never interleave and a SIGKILL cannot leave half a line.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -58,4 +59,28 @@ def slow_from_env(record: Record) -> None:
     finally:
         os.close(fd)
     time.sleep(float(os.environ[SLEEP_ENV]))
+    record_to(path, record)
+
+
+async def async_record_to(path: Path, slow_value: bytes, slow_s: float, record: Record) -> None:
+    """I/O-bound: 10 ms of waiting per event, `slow_s` for the first attempt on
+    `slow_value`. A `.start` line per event marks when its handler began."""
+    fd = os.open(path.with_suffix(".start"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{record.event_id} {os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+    slow = record.value == slow_value and record.attempt == 1
+    await asyncio.sleep(slow_s if slow else 0.01)
+    record_to(path, record)
+
+
+async def async_hang_first_attempt(path: Path, seconds: float, record: Record) -> None:
+    """Every first attempt waits `seconds` (long enough to be killed in), later ones 10 ms."""
+    fd = os.open(path.with_suffix(".start"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{record.event_id} {os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+    await asyncio.sleep(seconds if record.attempt == 1 else 0.01)
     record_to(path, record)

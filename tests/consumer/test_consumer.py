@@ -33,6 +33,8 @@ from tests.consumer.conftest import (
 from tests.consumer.handlers import (
     OUT_ENV,
     SLEEP_ENV,
+    async_hang_first_attempt,
+    async_record_to,
     fail_on_poison,
     hang_on_victim,
     record_to,
@@ -222,6 +224,91 @@ def test_sigkill_of_a_worker_mid_handler_retries_the_event_and_only_then_commits
     attempts = handled_attempts(out)
     assert attempts.pop(ids[5]) == [2]
     assert attempts == {event_id: [1] for event_id in ids if event_id != ids[5]}
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_async_handlers_let_other_keys_overtake_a_slow_one_and_never_commit_past_it(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+) -> None:
+    """Concurrency 100: while the first event of key `slow` waits, the 300 events of other
+    keys behind it in the partition finish; its key's next events wait for it, in order,
+    and the commit stays before it until it is done."""
+    topic = topic_factory(1)
+    values = [b"slow-0", b"slow-1", b"slow-2"] + [b"e%d" % n for n in range(300)]
+    keys = [b"slow"] * 3 + [b"k%d" % (n % 100) for n in range(300)]
+    ids = produce(broker.bootstrap_servers, topic, values, keys=keys, partition=0)
+    out = tmp_path / "handled"
+    consumer = make_consumer(
+        broker,
+        topic,
+        functools.partial(async_record_to, out, b"slow-0", 4.0),
+        concurrency=100,
+        commit_every_n=10,
+        commit_every_s=0.1,
+    )
+    with consumer:
+        wait_for(lambda: consumer.status().counters.processed >= 300, 30, "the other keys")
+        assert ids[0] not in handled(out), "the slow event finished before the others"
+        assert not {ids[1], ids[2]} & handled(out).keys(), "its key's next events overtook it"
+        time.sleep(0.5)  # commits every 0.1 s: one would have passed it by now
+        assert partition_0_committed(broker, consumer, topic) < 1, "committed past it"
+        wait_for(lambda: consumer.status().counters.processed == 303, 30, "the slow key")
+        wait_for(
+            lambda: partition_0_committed(broker, consumer, topic) == 303, 10, "the last commit"
+        )
+    assert handled(out) == Counter(ids)
+    order = [line.split()[0] for line in _lines(out)]
+    assert [order.index(event_id) for event_id in ids[:3]] == sorted(
+        order.index(event_id) for event_id in ids[:3]
+    )
+    for key in range(100):  # every other key in its offset order too
+        positions = [order.index(ids[3 + n]) for n in range(key, 300, 100)]
+        assert positions == sorted(positions)
+
+
+def test_sigkill_of_an_async_worker_retries_every_unfinished_handler(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+) -> None:
+    """100 handlers in flight in the one worker when it is SIGKILLed: each is retried
+    (attempt 2), none is lost, and nothing was committed past them meanwhile."""
+    topic = topic_factory(1)
+    ids = produce(
+        broker.bootstrap_servers,
+        topic,
+        [b"e%d" % n for n in range(200)],
+        keys=[b"k%d" % n for n in range(200)],
+        partition=0,
+    )
+    out = tmp_path / "handled"
+    consumer = make_consumer(
+        broker,
+        topic,
+        functools.partial(async_hang_first_attempt, out, 3.0),
+        workers=1,
+        concurrency=100,
+        commit_every_n=1,
+        commit_every_s=0.1,
+        retry_backoff_s=0.1,
+    )
+    with consumer:
+        wait_for(lambda: len(_lines(out.with_suffix(".start"))) >= 100, 30, "100 handlers")
+        wait_for(lambda: consumer.status().in_flight == 100, 10, "the status to show them")
+        time.sleep(0.3)
+        assert partition_0_committed(broker, consumer, topic) < 1
+        os.kill(next(pid for pid in consumer.worker_pids() if pid), signal.SIGKILL)
+        wait_for(lambda: consumer.status().counters.processed == 200, 60, "every event")
+        wait_for(
+            lambda: partition_0_committed(broker, consumer, topic) == 200, 10, "the last commit"
+        )
+        assert consumer.status().counters.worker_restarts == 1
+    started_first = {line.split()[0] for line in _lines(out.with_suffix(".start"))[:100]}
+    attempts = handled_attempts(out)
+    assert set(attempts) == set(ids)
+    assert all(attempts[event_id] == [2] for event_id in started_first)
+    assert all(attempts[event_id] == [1] for event_id in set(ids) - started_first)
 
 
 def test_commits_happen_every_n_events_or_t_seconds_of_the_injected_clock(

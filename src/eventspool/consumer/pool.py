@@ -1,19 +1,30 @@
 """Worker processes that run handlers, so a slow or CPU-bound handler never holds the
 poll thread (or the GIL it needs to keep the group membership alive).
 
-Each worker takes one batch at a time over its own pipe and runs it in order. Before
-each event it writes the event's index into shared memory, so when a worker dies the
-pool knows which event killed it, which ones finished and which never started.
+A plain function: each worker takes one batch at a time over its own pipe and runs it
+in order. Before each event it writes the event's index into shared memory, so when a
+worker dies the pool knows which event killed it, which ones finished and which never
+started.
+
+An `async def` handler: each worker runs an event loop with up to `concurrency` handler
+calls at once, takes new batches while earlier ones run, and reports each event as it
+finishes (the reports of one loop turn in one message), so a slow event holds back
+neither the other events of its batch nor the commit of those before it. Events of one
+scope (key or partition, by the ordering) still run one after the other, in order.
+When such a worker dies, every event it had not reported is retried.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import importlib
+import inspect
 import multiprocessing
 import signal
 import traceback
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -24,6 +35,7 @@ from eventspool.consumer.scheduler import Ordering, scope_of
 from eventspool.errors import EventspoolError
 
 Handler = Callable[[Record], object]
+AsyncHandler = Callable[[Record], Awaitable[object]]
 HandlerRef = str | Handler
 # (error type, message, traceback text); SKIPPED marks an event held back by its scope.
 Failure = tuple[str, str, str]
@@ -34,6 +46,11 @@ _STOP_JOIN_TIMEOUT = 5.0
 
 class HandlerError(EventspoolError):
     """The handler reference cannot be resolved to a callable."""
+
+
+def is_async(handler: Handler) -> bool:
+    """An `async def` function (also behind functools.partial) runs concurrently."""
+    return inspect.iscoroutinefunction(handler)
 
 
 def resolve_handler(ref: HandlerRef) -> Handler:
@@ -67,26 +84,38 @@ class TaskDone:
 
 
 @dataclass(frozen=True, slots=True)
+class EventsDone:
+    """Events an async worker finished: (task id, index in the task, failure or None)."""
+
+    events: list[tuple[int, int, Failure | None]]
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerDied:
     """A worker exited: events of its task before `index` finished, the one at `index`
-    was running (-1: none had started; the task's length: all had finished)."""
+    was running (-1: none had started; the task's length: all had finished). An async
+    worker's tasks are all in `tasks`; what it did not report as done was unfinished."""
 
     task_id: int | None
     index: int
     exitcode: int | None
+    tasks: tuple[int, ...] = ()
 
 
-PoolEvent = TaskDone | WorkerDied
+PoolEvent = TaskDone | EventsDone | WorkerDied
 
 
 def _worker_main(
-    conn: Connection, handler_ref: HandlerRef, ordering: Ordering, progress: Any
+    conn: Connection, handler_ref: HandlerRef, ordering: Ordering, progress: Any, concurrency: int
 ) -> None:
     # The parent decides when in-flight work stops; a terminal's Ctrl-C or a service
     # manager's SIGTERM to the whole group must not cut a handler short behind its back.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     handler = resolve_handler(handler_ref)
+    if is_async(handler):
+        asyncio.run(_AsyncWorker(conn, handler, ordering, concurrency).serve())
+        return
     while True:
         try:
             task = conn.recv()
@@ -111,8 +140,7 @@ def _run_batch(
         try:
             handler(Record(*wire, attempt=attempt))
         except Exception as exc:
-            text = "".join(traceback.format_exception(exc))[-_MAX_TRACEBACK:]
-            failures[index] = (type(exc).__qualname__, str(exc), text)
+            failures[index] = _failure(exc)
             failed_scope = scope_of(ordering, wire[0], wire[1], wire[3])
             if failed_scope is not None:
                 held.add(failed_scope)
@@ -120,25 +148,117 @@ def _run_batch(
     return failures or None
 
 
+def _failure(exc: Exception) -> Failure:
+    text = "".join(traceback.format_exception(exc))[-_MAX_TRACEBACK:]
+    return (type(exc).__qualname__, str(exc), text)
+
+
+class _AsyncWorker:
+    """An async worker's loop: batches in, handler calls at once up to `concurrency`,
+    one scope's events chained in order, each outcome reported when it is known."""
+
+    def __init__(
+        self, conn: Connection, handler: Handler, ordering: Ordering, concurrency: int
+    ) -> None:
+        self._conn = conn
+        self._handler: Any = handler
+        self._ordering = ordering
+        self._slots = asyncio.Semaphore(concurrency)
+        # The last event of each scope: the next one of that scope waits for it.
+        self._tails: dict[Hashable, asyncio.Task[bool]] = {}
+        self._outbox: list[tuple[int, int, Failure | None]] = []
+        self._closed = asyncio.Event()
+        self._running: set[asyncio.Task[bool]] = set()  # the loop only keeps weak references
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._conn.fileno(), self._receive)
+        await self._closed.wait()
+
+    def _receive(self) -> None:
+        try:
+            task = self._conn.recv()
+        except (EOFError, OSError):
+            task = None
+        if task is None:
+            asyncio.get_running_loop().remove_reader(self._conn.fileno())
+            self._closed.set()
+            return
+        task_id, items = task
+        for index, (wire, attempt) in enumerate(items):
+            scope = scope_of(self._ordering, wire[0], wire[1], wire[3])
+            before = self._tails.get(scope) if scope is not None else None
+            run = asyncio.ensure_future(self._run(task_id, index, wire, attempt, before))
+            self._running.add(run)
+            run.add_done_callback(self._running.discard)
+            if scope is not None:
+                self._tails[scope] = run
+                run.add_done_callback(functools.partial(self._forget_tail, scope))
+
+    def _forget_tail(self, scope: Hashable, run: asyncio.Task[bool]) -> None:
+        if self._tails.get(scope) is run:
+            del self._tails[scope]
+
+    async def _run(
+        self,
+        task_id: int,
+        index: int,
+        wire: WireRecord,
+        attempt: int,
+        before: asyncio.Task[bool] | None,
+    ) -> bool:
+        """Run one event after its scope's previous one; True if it succeeded."""
+        if before is not None and not await before:
+            self._report(task_id, index, SKIPPED)  # its scope is held: back in order later
+            return False
+        failure: Failure | None = None
+        async with self._slots:
+            try:
+                await self._handler(Record(*wire, attempt=attempt))
+            except Exception as exc:
+                failure = _failure(exc)
+        self._report(task_id, index, failure)
+        return failure is None
+
+    def _report(self, task_id: int, index: int, failure: Failure | None) -> None:
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append((task_id, index, failure))
+
+    def _flush(self) -> None:
+        done, self._outbox = self._outbox, []
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
+            self._conn.send(done)
+
+
 class _Worker:
-    __slots__ = ("conn", "process", "progress", "task_id")
+    __slots__ = ("conn", "process", "progress", "task_id", "tasks")
 
     def __init__(self, process: BaseProcess, conn: Connection, progress: Any) -> None:
         self.process = process
         self.conn = conn
         self.progress = progress
         self.task_id: int | None = None
+        # An async worker's tasks: events not yet reported per task.
+        self.tasks: dict[int, int] = {}
 
 
 class WorkerPool:
     """A fixed number of worker processes, replaced when one dies, kept across rebalances."""
 
     def __init__(
-        self, size: int, handler: HandlerRef, ordering: Ordering, start_method: str
+        self,
+        size: int,
+        handler: HandlerRef,
+        ordering: Ordering,
+        start_method: str,
+        concurrency: int = 1,
     ) -> None:
         if size < 1:
             raise ValueError(f"workers={size}: at least one worker is needed")
-        resolve_handler(handler)
+        self.concurrent = is_async(resolve_handler(handler))
+        # Events one worker runs at once: a plain function runs one batch at a time.
+        self.concurrency = concurrency if self.concurrent else 1
         self._context: Any = multiprocessing.get_context(start_method)
         self._handler = handler
         self._ordering = ordering
@@ -149,7 +269,7 @@ class WorkerPool:
         progress = self._context.Value("q", -1, lock=False)
         process = self._context.Process(
             target=_worker_main,
-            args=(child_conn, self._handler, self._ordering, progress),
+            args=(child_conn, self._handler, self._ordering, progress, self.concurrency),
             name="eventspool-worker",
             daemon=True,
         )
@@ -162,18 +282,30 @@ class WorkerPool:
         return len(self._workers)
 
     def idle(self) -> list[int]:
-        return [i for i, worker in enumerate(self._workers) if worker.task_id is None]
+        """Workers that take a batch now."""
+        return [i for i in range(len(self._workers)) if self.room(i)]
+
+    def room(self, index: int) -> int:
+        """Events worker `index` takes now: a plain worker a whole batch when idle, an
+        async one as many as it has free handler slots."""
+        worker = self._workers[index]
+        if self.concurrent:
+            return max(self.concurrency - sum(worker.tasks.values()), 0)
+        return 0 if worker.task_id is not None else 1 << 30
 
     def busy(self) -> int:
-        return sum(1 for worker in self._workers if worker.task_id is not None)
+        return sum(1 for worker in self._workers if worker.task_id is not None or worker.tasks)
 
     def pids(self) -> list[int | None]:
         return [worker.process.pid for worker in self._workers]
 
     def submit(self, index: int, task_id: int, items: list[tuple[WireRecord, int]]) -> None:
         worker = self._workers[index]
-        worker.task_id = task_id
-        worker.progress.value = -1
+        if self.concurrent:
+            worker.tasks[task_id] = len(items)
+        else:
+            worker.task_id = task_id
+            worker.progress.value = -1
         # A dead worker's pipe refuses the task; collect() reports the death with it.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
             worker.conn.send((task_id, items))
@@ -191,21 +323,36 @@ class WorkerPool:
         for index, worker in enumerate(self._workers):
             if worker.conn in ready:
                 try:
-                    task_id, failures = worker.conn.recv()
+                    message = worker.conn.recv()
                 except (EOFError, OSError):
                     pass
                 else:
-                    worker.task_id = None
-                    events.append(TaskDone(task_id, failures))
+                    events.append(self._received(worker, message))
                     continue
             if worker.conn in ready or worker.process.sentinel in ready:
                 events.append(self._replace(index))
         return events
 
+    @staticmethod
+    def _received(worker: _Worker, message: Any) -> PoolEvent:
+        if isinstance(message, list):
+            for task_id, _index, _failure in message:
+                left = worker.tasks[task_id] - 1
+                if left:
+                    worker.tasks[task_id] = left
+                else:
+                    del worker.tasks[task_id]
+            return EventsDone(message)
+        task_id, failures = message
+        worker.task_id = None
+        return TaskDone(task_id, failures)
+
     def _replace(self, index: int) -> WorkerDied:
         worker = self._workers[index]
         worker.process.join(_STOP_JOIN_TIMEOUT)
-        died = WorkerDied(worker.task_id, worker.progress.value, worker.process.exitcode)
+        died = WorkerDied(
+            worker.task_id, worker.progress.value, worker.process.exitcode, tuple(worker.tasks)
+        )
         worker.conn.close()
         self._workers[index] = self._spawn()
         return died
@@ -213,7 +360,7 @@ class WorkerPool:
     def stop(self, timeout: float = _STOP_JOIN_TIMEOUT) -> None:
         """Let idle workers exit; kill the ones still busy (their work is abandoned)."""
         for worker in self._workers:
-            if worker.task_id is None:
+            if worker.task_id is None and not worker.tasks:
                 with contextlib.suppress(OSError):
                     worker.conn.send(None)
             else:

@@ -31,10 +31,12 @@ from eventspool.config import validate_topic
 from eventspool.consumer.offsets import CommitPolicy, PartitionOffsets
 from eventspool.consumer.pool import (
     SKIPPED,
+    EventsDone,
     Failure,
     HandlerRef,
     PoolEvent,
     TaskDone,
+    WorkerDied,
     WorkerPool,
     resolve_handler,
 )
@@ -155,6 +157,10 @@ class _PartitionState:
 class _Task:
     items: list[tuple[_PartitionState, Pending]]
     started: float
+    done: set[int] = field(default_factory=set)  # indexes an async worker reported
+
+    def unfinished(self) -> list[tuple[_PartitionState, Pending]]:
+        return [item for index, item in enumerate(self.items) if index not in self.done]
 
 
 @dataclass(slots=True)
@@ -252,6 +258,7 @@ class Consumer:
             self._handler,
             self._settings.ordering,
             self._settings.start_method,
+            self._settings.concurrency,
         )
         try:
             self._kafka = KafkaConsumer(self._kafka_config())
@@ -405,7 +412,7 @@ class Consumer:
             self._batch_for_handler_time(),
         )
         for index in idle:
-            batch = self._scheduler.take(per_worker, now)
+            batch = self._scheduler.take(min(per_worker, self._pool.room(index)), now)
             if not batch:
                 return
             items: list[tuple[_PartitionState, Pending]] = []
@@ -424,7 +431,11 @@ class Consumer:
     def _batch_for_handler_time(self) -> int:
         """Events per batch so that a batch takes about `_BATCH_TARGET_S`: fast handlers
         get big batches (one pipe round trip for many events), slow ones single events,
-        so a finished event is reported (and committable) soon after it finished."""
+        so a finished event is reported (and committable) soon after it finished. An
+        async worker reports each event as it finishes, so its batches fill its slots."""
+        assert self._pool is not None
+        if self._pool.concurrent:
+            return self._settings.max_batch
         if self._event_seconds is None:
             return 1
         return max(1, int(_BATCH_TARGET_S / max(self._event_seconds, 1e-9)))
@@ -450,35 +461,60 @@ class Consumer:
                 self._learn_handler_time(task)
                 failures = event.failures or {}
                 for index, (state, pending) in enumerate(task.items):
-                    self._scheduler.release(pending)
-                    failure = failures.get(index)
-                    if failure is None:
-                        self._counters.processed += 1
-                        self._finish(state, pending)
-                    elif failure == SKIPPED:
-                        self._requeue(state, pending)
-                    else:
-                        self._failed(state, pending, failure)
+                    self._settle(state, pending, failures.get(index))
+            elif isinstance(event, EventsDone):
+                self._events_done(event)
+            else:
+                self._worker_died(event)
+
+    def _settle(self, state: _PartitionState, pending: Pending, failure: Failure | None) -> None:
+        """One event's batch ended for it: done, back in line (SKIPPED), or failed."""
+        self._scheduler.release(pending)
+        if failure is None:
+            self._counters.processed += 1
+            self._finish(state, pending)
+        elif failure == SKIPPED:
+            self._requeue(state, pending)
+        else:
+            self._failed(state, pending, failure)
+
+    def _events_done(self, event: EventsDone) -> None:
+        for task_id, index, failure in event.events:
+            task = self._tasks.get(task_id)
+            if task is None:  # abandoned at a shutdown
                 continue
-            self._counters.worker_restarts += 1
-            log.warning(
-                "consumer group %s: worker died (exit code %s); replaced",
-                self.group,
-                event.exitcode,
-            )
-            if event.task_id is None:
-                continue
-            task = self._tasks.pop(event.task_id)
-            for index, (state, pending) in enumerate(task.items):
+            task.done.add(index)
+            state, pending = task.items[index]
+            self._settle(state, pending, failure)
+            if len(task.done) == len(task.items):
+                del self._tasks[task_id]
+
+    def _worker_died(self, event: WorkerDied) -> None:
+        self._counters.worker_restarts += 1
+        log.warning(
+            "consumer group %s: worker died (exit code %s); replaced", self.group, event.exitcode
+        )
+        died = ("WorkerDied", f"worker process died (exit code {event.exitcode})", "")
+        for task_id in event.tasks:  # an async worker: what it did not report is retried
+            task = self._tasks.pop(task_id, None)
+            for state, pending in task.unfinished() if task is not None else ():
                 self._scheduler.release(pending)
-                if index < event.index:
-                    self._counters.processed += 1
-                    self._finish(state, pending)
-                elif index == event.index:
-                    message = f"worker process died (exit code {event.exitcode})"
-                    self._failed(state, pending, ("WorkerDied", message, ""))
-                else:
-                    self._requeue(state, pending)
+                self._failed(state, pending, died)
+        if event.task_id is not None:
+            self._sequential_worker_died(event.task_id, event.index, died)
+
+    def _sequential_worker_died(self, task_id: int, running: int, died: Failure) -> None:
+        """Events before `running` finished, the one at it failed, the rest never ran."""
+        task = self._tasks.pop(task_id)
+        for index, (state, pending) in enumerate(task.items):
+            self._scheduler.release(pending)
+            if index < running:
+                self._counters.processed += 1
+                self._finish(state, pending)
+            elif index == running:
+                self._failed(state, pending, died)
+            else:
+                self._requeue(state, pending)
 
     def _finish(self, state: _PartitionState, pending: Pending) -> None:
         if not state.active:
@@ -746,7 +782,7 @@ class Consumer:
 
     def _running_on(self, states: Iterable[_PartitionState]) -> bool:
         wanted = {id(state) for state in states}
-        return any(id(s) in wanted for task in self._tasks.values() for s, _ in task.items)
+        return any(id(s) in wanted for task in self._tasks.values() for s, _ in task.unfinished())
 
     # ----------------------------------------------------------------- shutdown
 
@@ -764,7 +800,7 @@ class Consumer:
             # Keep the membership alive; anything fetched now is not taken.
             self._kafka.consume(1, 0)
             self._publish_status()
-        abandoned = sum(len(task.items) for task in self._tasks.values())
+        abandoned = sum(len(task.unfinished()) for task in self._tasks.values())
         if abandoned:
             log.warning("consumer group %s: abandoned %d running events", self.group, abandoned)
         self._counters.abandoned += abandoned
@@ -809,7 +845,7 @@ class Consumer:
             paused=self._paused,
             buffered=self._held,
             waiting=self._scheduler.waiting,
-            in_flight=sum(len(task.items) for task in self._tasks.values()),
+            in_flight=sum(len(task.items) - len(task.done) for task in self._tasks.values()),
             oldest_in_flight_s=now - min(starts) if starts else None,
             partitions=partitions,
             counters=dataclasses.replace(self._counters),

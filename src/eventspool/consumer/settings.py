@@ -19,6 +19,8 @@ class ConsumerSettings:
     duplicates a rebalance can cause.
     `stale_topic` and `dead_letter_topic` are templates: `{topic}` is the source topic.
     `kafka` goes to librdkafka as is (security settings, `session.timeout.ms`, ...).
+    `concurrency` is how many calls of an `async def` handler run at once in each worker
+    (for I/O-bound work); a plain function runs one event at a time per worker.
     """
 
     ordering: Ordering = Ordering.KEY
@@ -26,6 +28,7 @@ class ConsumerSettings:
     resume_fraction: float = 0.5
     pause_grace_s: float = 0.25
     max_batch: int = 200
+    concurrency: int = 100
     commit_every_n: int = 1000
     commit_every_s: float = 5.0
     max_age_s: float | None = None
@@ -42,7 +45,7 @@ class ConsumerSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ordering", Ordering(self.ordering))
-        for name in ("max_buffered", "max_batch", "commit_every_n", "max_attempts"):
+        for name in ("max_buffered", "max_batch", "concurrency", "commit_every_n", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be at least 1")
         for name in ("commit_every_s", "retry_backoff_s", "lag_interval_s"):
