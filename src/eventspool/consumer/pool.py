@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import importlib
 import inspect
 import multiprocessing
 import signal
 import traceback
+from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -42,6 +42,8 @@ Failure = tuple[str, str, str]
 SKIPPED: Failure = ("", "", "")
 _MAX_TRACEBACK = 4000
 _STOP_JOIN_TIMEOUT = 5.0
+# An async worker reports what finished within this long in one message, not one per event.
+_REPORT_EVERY_S = 0.002
 
 
 class HandlerError(EventspoolError):
@@ -153,9 +155,15 @@ def _failure(exc: Exception) -> Failure:
     return (type(exc).__qualname__, str(exc), text)
 
 
+# One event in an async worker: (task id, index in the task, record, attempt).
+_AsyncItem = tuple[int, int, WireRecord, int]
+
+
 class _AsyncWorker:
-    """An async worker's loop: batches in, handler calls at once up to `concurrency`,
-    one scope's events chained in order, each outcome reported when it is known."""
+    """An async worker's loop: `concurrency` runners take events from one queue, so an
+    event costs no task of its own. An event whose scope has one running waits behind it
+    and is run next by the runner of that scope, so one scope's events keep their order;
+    each outcome is reported when it is known."""
 
     def __init__(
         self, conn: Connection, handler: Handler, ordering: Ordering, concurrency: int
@@ -163,17 +171,16 @@ class _AsyncWorker:
         self._conn = conn
         self._handler: Any = handler
         self._ordering = ordering
-        self._slots = asyncio.Semaphore(concurrency)
-        # The last event of each scope: the next one of that scope waits for it.
-        self._tails: dict[Hashable, asyncio.Task[bool]] = {}
+        self._concurrency = concurrency
+        self._ready: asyncio.Queue[_AsyncItem | None] = asyncio.Queue()
+        # Scopes with an event running, and the events waiting behind it.
+        self._behind: dict[Hashable, deque[_AsyncItem]] = {}
         self._outbox: list[tuple[int, int, Failure | None]] = []
-        self._closed = asyncio.Event()
-        self._running: set[asyncio.Task[bool]] = set()  # the loop only keeps weak references
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         loop.add_reader(self._conn.fileno(), self._receive)
-        await self._closed.wait()
+        await asyncio.gather(*(self._runner() for _ in range(self._concurrency)))
 
     def _receive(self) -> None:
         try:
@@ -182,47 +189,51 @@ class _AsyncWorker:
             task = None
         if task is None:
             asyncio.get_running_loop().remove_reader(self._conn.fileno())
-            self._closed.set()
+            for _ in range(self._concurrency):
+                self._ready.put_nowait(None)
             return
         task_id, items = task
+        behind, ordering = self._behind, self._ordering
         for index, (wire, attempt) in enumerate(items):
+            item = (task_id, index, wire, attempt)
+            scope = scope_of(ordering, wire[0], wire[1], wire[3])
+            if scope is None:
+                self._ready.put_nowait(item)
+            elif scope in behind:
+                behind[scope].append(item)
+            else:
+                behind[scope] = deque()
+                self._ready.put_nowait(item)
+
+    async def _runner(self) -> None:
+        while (item := await self._ready.get()) is not None:
+            wire = item[2]
             scope = scope_of(self._ordering, wire[0], wire[1], wire[3])
-            before = self._tails.get(scope) if scope is not None else None
-            run = asyncio.ensure_future(self._run(task_id, index, wire, attempt, before))
-            self._running.add(run)
-            run.add_done_callback(self._running.discard)
-            if scope is not None:
-                self._tails[scope] = run
-                run.add_done_callback(functools.partial(self._forget_tail, scope))
+            succeeded = await self._run(item)
+            if scope is None:
+                continue
+            waiting = self._behind[scope]
+            while waiting:
+                following = waiting.popleft()
+                if succeeded:
+                    succeeded = await self._run(following)
+                else:  # its scope is held: back to the scheduler, in order, for the retry
+                    self._report(following[0], following[1], SKIPPED)
+            del self._behind[scope]
 
-    def _forget_tail(self, scope: Hashable, run: asyncio.Task[bool]) -> None:
-        if self._tails.get(scope) is run:
-            del self._tails[scope]
-
-    async def _run(
-        self,
-        task_id: int,
-        index: int,
-        wire: WireRecord,
-        attempt: int,
-        before: asyncio.Task[bool] | None,
-    ) -> bool:
-        """Run one event after its scope's previous one; True if it succeeded."""
-        if before is not None and not await before:
-            self._report(task_id, index, SKIPPED)  # its scope is held: back in order later
-            return False
+    async def _run(self, item: _AsyncItem) -> bool:
+        task_id, index, wire, attempt = item
         failure: Failure | None = None
-        async with self._slots:
-            try:
-                await self._handler(Record(*wire, attempt=attempt))
-            except Exception as exc:
-                failure = _failure(exc)
+        try:
+            await self._handler(Record(*wire, attempt=attempt))
+        except Exception as exc:
+            failure = _failure(exc)
         self._report(task_id, index, failure)
         return failure is None
 
     def _report(self, task_id: int, index: int, failure: Failure | None) -> None:
         if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
+            asyncio.get_running_loop().call_later(_REPORT_EVERY_S, self._flush)
         self._outbox.append((task_id, index, failure))
 
     def _flush(self) -> None:
@@ -290,7 +301,9 @@ class WorkerPool:
         async one as many as it has free handler slots."""
         worker = self._workers[index]
         if self.concurrent:
-            return max(self.concurrency - sum(worker.tasks.values()), 0)
+            # Twice its slots: a slot that frees starts the next event at once, without
+            # waiting for the report to reach the parent and a new batch to come back.
+            return max(2 * self.concurrency - sum(worker.tasks.values()), 0)
         return 0 if worker.task_id is not None else 1 << 30
 
     def busy(self) -> int:

@@ -106,10 +106,13 @@ class Scheduler:
         held: set[Hashable] = set()
         kept: list[Pending] = []
         taken = 0
-        for pending in queue:
+        for index, pending in enumerate(queue):
+            if taken >= limit:  # the rest stays as it is: no need to look at it
+                kept.extend(queue[index:])
+                break
             scope = pending.scope
             blocked = scope is not None and (scope in held or scope in running)
-            if blocked or taken >= limit or pending.not_before > now:
+            if blocked or pending.not_before > now:
                 if scope is not None:
                     held.add(scope)
                 kept.append(pending)
