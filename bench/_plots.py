@@ -1,4 +1,10 @@
-"""The report's PNG plots, drawn with matplotlib's non-interactive Agg backend."""
+"""The report's PNG plots, drawn on matplotlib figures of their own (no pyplot state).
+
+Each plot uses constrained layout, which moves the axes until titles, labels, tick labels
+and the numbers beside bars lie inside the figure; long labels are wrapped first, since no
+layout can fit a line wider than the figure. Each function returns the figure it saved,
+so that a test can measure what was drawn.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt
 from matplotlib import ticker
+from matplotlib.figure import Figure as Plot
 
 from _figures import Figure
 
@@ -23,19 +25,28 @@ AHEAD_COLOUR = "#2ca02c"
 BEHIND_COLOUR = "#d62728"
 FAULT_COLOURS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 _DPI = 110
+# Characters per line of a bar's label in the ratio overview, and of a y-axis label.
+_RATIO_LABEL_WIDTH = 60
+_UNIT_LABEL_WIDTH = 40
+# Room beyond the longest bar for its number, as a fraction of the (log) axis span.
+_RATIO_MARGIN = 0.12
 # No timestamp or version in the files, so that regenerating unchanged data changes nothing.
 _PNG_METADATA = {"Software": None}
 
 
-def ratio_overview(figures: Sequence[Figure], path: Path) -> None:
+def ratio_overview(figures: Sequence[Figure], path: Path) -> Plot:
     """One horizontal bar per figure: its ratio on a log scale, with 1 (even) marked."""
     shown = [figure for figure in figures if figure.ratio is not None and figure.ratio > 0]
     height = max(2.5, 0.38 * len(shown) + 1.2)
-    fig, axes = plt.subplots(figsize=(9, height))
+    plot = _plot((9, height))
+    axes = plot.subplots()
     repeated = Counter((figure.script, figure.title) for figure in shown)
     labels = [
-        f"{figure.script}: {figure.title}"
-        + (f" (vs {figure.anchor_is})" if repeated[(figure.script, figure.title)] > 1 else "")
+        _wrap(
+            f"{figure.script}: {figure.title}"
+            + (f" (vs {figure.anchor_is})" if repeated[(figure.script, figure.title)] > 1 else ""),
+            _RATIO_LABEL_WIDTH,
+        )
         for figure in shown
     ]
     ratios = [float(figure.ratio or 0.0) for figure in shown]
@@ -45,6 +56,7 @@ def ratio_overview(figures: Sequence[Figure], path: Path) -> None:
     axes.set_yticks(list(positions), labels, fontsize=8)
     axes.invert_yaxis()
     axes.set_xscale("log")
+    axes.margins(x=_RATIO_MARGIN)
     axes.axvline(1.0, color="black", linewidth=1)
     for position, ratio in zip(positions, ratios, strict=True):
         axes.annotate(
@@ -57,14 +69,15 @@ def ratio_overview(figures: Sequence[Figure], path: Path) -> None:
         )
     axes.set_xlabel("ratio: above 1 eventspool is ahead of its anchor (log scale)")
     axes.set_title("Every figure against its anchor, same run, same machine", fontsize=10)
-    _save(fig, path)
+    return _save(plot, path)
 
 
-def ours_against_anchor(figures: Sequence[Figure], title: str, path: Path) -> None:
+def ours_against_anchor(figures: Sequence[Figure], title: str, path: Path) -> Plot:
     """Small multiples: for each figure, our bar beside the anchor's, in the figure's unit."""
     columns = min(3, len(figures))
     rows = math.ceil(len(figures) / columns)
-    fig, grid = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.3 * rows), squeeze=False)
+    plot = _plot((3.6 * columns, 3.3 * rows))
+    grid = plot.subplots(rows, columns, squeeze=False)
     for index, axes in enumerate(grid.flat):
         if index >= len(figures):
             axes.set_visible(False)
@@ -77,18 +90,19 @@ def ours_against_anchor(figures: Sequence[Figure], title: str, path: Path) -> No
         axes.bar_label(bars, labels=[_short(value) for value in values], fontsize=8)
         axes.set_title(_wrap(figure.title, 34), fontsize=9)
         better = "higher" if figure.higher_is_better else "lower"
-        axes.set_ylabel(f"{figure.unit} ({better} is better)", fontsize=8)
+        axes.set_ylabel(_wrap(f"{figure.unit} ({better} is better)", _UNIT_LABEL_WIDTH), fontsize=8)
         axes.tick_params(labelsize=7)
         axes.margins(y=0.15)
-    fig.suptitle(title, fontsize=11)
-    _save(fig, path)
+    plot.suptitle(title, fontsize=11)
+    return _save(plot, path)
 
 
-def soak_timeline(result: Mapping[str, Any], path: Path) -> None:
+def soak_timeline(result: Mapping[str, Any], path: Path) -> Plot:
     """Acknowledged events over the soak's time, with each injected fault as a band."""
     timeline = result.get("timeline", [])
     faults = result.get("faults", [])
-    fig, axes = plt.subplots(figsize=(10, 4))
+    plot = _plot((10, 4))
+    axes = plot.subplots()
     times = [float(point["t"]) for point in timeline]
     for series, label, colour in (
         ("acked", "acknowledged to the producers", OURS_COLOUR),
@@ -115,14 +129,18 @@ def soak_timeline(result: Mapping[str, Any], path: Path) -> None:
     axes.set_ylabel("events")
     axes.set_title("Soak: the workload under a fault schedule")
     axes.legend(fontsize=8, loc="upper left")
-    _save(fig, path)
+    return _save(plot, path)
 
 
-def _save(fig: Any, path: Path) -> None:
+def _plot(size: tuple[float, float]) -> Plot:
+    """A figure at the PNG's own resolution, so what is measured on it is what is saved."""
+    return Plot(figsize=size, dpi=_DPI, layout="constrained")
+
+
+def _save(plot: Plot, path: Path) -> Plot:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=_DPI, metadata=_PNG_METADATA)
-    plt.close(fig)
+    plot.savefig(path, dpi=_DPI, metadata=_PNG_METADATA)
+    return plot
 
 
 def _short(value: float) -> str:

@@ -4,6 +4,7 @@
     python bench/report.py --quick          # every bench with --quick, a 2-minute soak
     python bench/report.py --only e2e,uds   # rerun two benches, keep the others' results
     python bench/report.py --render-only    # redraw the page from docs/benchmarks.json
+    python bench/report.py --plots-only     # redraw only the PNGs in docs/img from it
     python bench/report.py --check          # rerun; compare each ratio with the published one
 
 Each bench script runs as its own process, one after the other (never two at once: they
@@ -23,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from matplotlib.figure import Figure as Plot
 
 import _plots
 from _common import format_table, load_average_1m, machine, progress
@@ -138,17 +141,25 @@ def write_report(store: Mapping[str, Any], docs_dir: Path = DOCS_DIR) -> None:
     """benchmarks.md and the plots in `docs_dir`, from `store` (benchmarks.json's content)."""
     page = docs_dir / PAGE.name
     images = docs_dir / IMAGE_DIR
+    write_plots(store, images)
+    page.write_text(render(store, BENCH_DIR), encoding="utf-8")
+    progress(f"wrote {page} and the plots in {images}")
+
+
+def write_plots(store: Mapping[str, Any], images: Path) -> dict[Path, Plot]:
+    """Every PNG the page shows, into `images`; each file's figure, for measuring it."""
+    plots: dict[Path, Plot] = {}
     figures: list[Figure] = []
     for run in store["scripts"]:
         script, result = run["script"], run["result"]
         own = figures_of(script, result)
         figures += own
-        _plots.ours_against_anchor(own, f"bench/{script}.py", images / script_plot(script))
+        path = images / script_plot(script)
+        plots[path] = _plots.ours_against_anchor(own, f"bench/{script}.py", path)
         if "timeline" in result:
-            _plots.soak_timeline(result, images / SOAK_PLOT)
-    _plots.ratio_overview(figures, images / RATIO_PLOT)
-    page.write_text(render(store, BENCH_DIR), encoding="utf-8")
-    progress(f"wrote {page} and the plots in {images}")
+            plots[images / SOAK_PLOT] = _plots.soak_timeline(result, images / SOAK_PLOT)
+    plots[images / RATIO_PLOT] = _plots.ratio_overview(figures, images / RATIO_PLOT)
+    return plots
 
 
 def load_store() -> dict[str, Any]:
@@ -201,6 +212,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--render-only", action="store_true", help="redraw from the stored JSON")
     mode.add_argument(
+        "--plots-only",
+        action="store_true",
+        help="redraw only the plots from the stored JSON; the page stays as it is",
+    )
+    mode.add_argument(
         "--check",
         action="store_true",
         help="rerun in the published mode and compare ratios; writes nothing",
@@ -219,6 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     if args.render_only:
         write_report(load_store())
+        return 0
+    if args.plots_only:
+        write_plots(load_store(), DOCS_DIR / IMAGE_DIR)
+        progress(f"wrote the plots in {DOCS_DIR / IMAGE_DIR}")
         return 0
     available = bench_scripts()
     chosen = [name for name in args.only.split(",") if name] or available
