@@ -43,6 +43,7 @@ ORDER = (
     "e2e",
     "uds",
     "log_shipper",
+    "logging_handler",
     "kill_loss",
     "routing",
     "consumer",

@@ -21,6 +21,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
         ("work_queue.py", r"^100 of 100 tasks done by [1-4] worker processes$"),
         ("pubsub.py", r"^billing got 20 of 20, shipping got 20 of 20$"),
         ("rpc.py", r"^HELLO\nA B C\ntimeout: no reply to the request on topic 'rpc.nobody' "),
+        ("structlog_logging.py", r"^order placed 0 0 info\norder placed 1 10 info\n"),
     ],
 )
 def test_example_runs_and_prints_its_result(script: str, expected: str) -> None:

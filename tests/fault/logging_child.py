@@ -1,0 +1,78 @@
+"""A process that logs through `SpoolHandler` from several threads until it is SIGKILLed.
+
+Run as ``python -m tests.fault.logging_child SPOOL_DIR BOOTSTRAP TOPIC THREADS RECORDS``
+from the repository root. It prints ``R 0`` once the handler is set up, then one line
+``SEQ`` per record whose `logger.info()` (or `logger.exception()`) returned, written with
+one ``os.write`` after the call, then ``D UNACKED`` when all RECORDS were logged, and
+waits for its end. Each record's fields are derived from its SEQ (see `expected`), so the
+parent can tell an intact record from a damaged one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+
+from eventspool.logging import SpoolHandler
+from eventspool.spool.api import Spool
+
+LOGGER = "fault.logging"
+EXCEPTION_EVERY = 1000
+
+
+def payload(seq: int) -> str:
+    return f"{seq:08d}" * (1 + seq % 7)
+
+
+def expected(seq: int, worker: int) -> dict[str, object]:
+    """The fields of record SEQ that do not depend on the moment or the thread id."""
+    return {
+        "message": f"record {seq} of worker {worker}",
+        "level": "ERROR" if seq % EXCEPTION_EVERY == 0 else "INFO",
+        "logger": LOGGER,
+        "extra": {"seq": seq, "worker": worker, "payload": payload(seq)},
+    }
+
+
+def _emit(line: str) -> None:
+    os.write(1, line.encode() + b"\n")
+
+
+def _log(logger: logging.Logger, worker: int, workers: int, records: int) -> None:
+    for seq in range(worker, records, workers):
+        extra = {"seq": seq, "worker": worker, "payload": payload(seq)}
+        if seq % EXCEPTION_EVERY == 0:
+            try:
+                raise RuntimeError(f"failure {seq}")
+            except RuntimeError:
+                logger.exception("record %d of worker %d", seq, worker, extra=extra)
+        else:
+            logger.info("record %d of worker %d", seq, worker, extra=extra)
+        _emit(str(seq))
+
+
+def main(argv: list[str]) -> None:
+    directory, bootstrap, topic, threads, records = argv
+    workers = int(threads)
+    spool = Spool(directory, bootstrap)
+    logger = logging.getLogger(LOGGER)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    logger.addHandler(SpoolHandler(spool, topic, key_attribute="worker"))
+    _emit("R 0")
+    started = [
+        threading.Thread(target=_log, args=(logger, n, workers, int(records)))
+        for n in range(workers)
+    ]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join()
+    _emit(f"D {spool.unacknowledged()}")
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
