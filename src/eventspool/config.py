@@ -55,6 +55,12 @@ class QueueSettings:
         object.__setattr__(self, "full_policy", FullPolicy(self.full_policy))
 
 
+#: A spool's queue files may take this much disk by default: 128 default rings, enough
+#: for a host's topics, and a bound a small host's disk survives.
+DEFAULT_MAX_SPOOL_BYTES = 4 * 1024 * MIB
+DEFAULT_MAX_TOPICS = 1000
+
+
 @dataclass(frozen=True, slots=True)
 class SpoolSettings:
     """Settings of a whole spool directory."""
@@ -63,10 +69,17 @@ class SpoolSettings:
     queue: QueueSettings = field(default_factory=QueueSettings)
     topics: Mapping[str, QueueSettings] = field(default_factory=dict)
     sticky_batch_bytes: int = 16384
+    # The disk budget (spool/budget.py): bytes of queue files and topics; None: no limit.
+    max_spool_bytes: int | None = DEFAULT_MAX_SPOOL_BYTES
+    max_topics: int | None = DEFAULT_MAX_TOPICS
 
     def __post_init__(self) -> None:
         if self.max_event_bytes < 1:
             raise ValueError(f"max_event_bytes={self.max_event_bytes}: must be positive")
+        for name in ("max_spool_bytes", "max_topics"):
+            limit = getattr(self, name)
+            if limit is not None and (isinstance(limit, bool) or limit < 1):
+                raise ValueError(f"{name}={limit}: must be positive (or None for no limit)")
         for name, queue in {"default": self.queue, **self.topics}.items():
             if self.max_event_bytes > queue.capacity_bytes // 4:
                 raise ValueError(

@@ -27,6 +27,11 @@ class SpoolFullError(EventspoolError):
     """A queue has no room and its policy is `reject`, or `block` timed out."""
 
 
+class SpoolBudgetError(SpoolFullError):
+    """A new queue would take the spool over its disk budget (`max_spool_bytes`) or its
+    `max_topics`; the queues that exist keep working."""
+
+
 class SpoolClosedError(EventspoolError):
     """The spool or queue was closed; nothing more is accepted."""
 

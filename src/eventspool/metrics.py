@@ -88,6 +88,26 @@ class SpoolCollector(Collector):
             unroutable.add_metric([name, "alternate"], counts.alternate)
             unroutable.add_metric([name, "refused"], counts.refused)
         yield from (routed, unroutable)
+        budget = self._spool.budget()
+        yield GaugeMetricFamily(
+            "eventspool_spool_file_bytes",
+            "Bytes of queue files on disk, all preallocated (counted in the disk budget).",
+            value=budget.used_bytes,
+        )
+        if budget.max_bytes is not None:
+            yield GaugeMetricFamily(
+                "eventspool_spool_budget_bytes",
+                "The disk budget: queue-file bytes the spool may hold (max_spool_bytes).",
+                value=budget.max_bytes,
+            )
+        yield GaugeMetricFamily(
+            "eventspool_spool_topics", "Topics with queue files.", value=budget.topics
+        )
+        yield CounterMetricFamily(
+            "eventspool_spool_budget_refusals",
+            "Sends refused because a new queue would go over the disk budget or max_topics.",
+            value=budget.refusals,
+        )
         sender = self._spool.sender
         connected = GaugeMetricFamily(
             "eventspool_broker_connected", "1 while a broker answers metadata."

@@ -5,6 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 _COLUMNS = ("QUEUE", "DEPTH", "OLDEST", "IN/S", "OUT/S", "DROPPED", "SKIPPED")
+_MIB = 1024 * 1024
+
+
+def _budget_line(budget: dict[str, Any]) -> str:
+    """Disk budget: used / limit (percent), topics, refusals."""
+    used, limit = budget["used_bytes"], budget["max_bytes"]
+    share = f" ({100 * used / limit:.0f}%)" if limit else ""
+    topics = f"{budget['topics']}" + (f" of {budget['max_topics']}" if budget["max_topics"] else "")
+    return (
+        f"disk budget: {used / _MIB:.0f} MiB of "
+        f"{'no limit' if not limit else f'{limit / _MIB:.0f} MiB'}{share}   topics: {topics}   "
+        f"refused: {budget['refusals']}"
+    )
 
 
 def render_status(before: dict[str, Any], after: dict[str, Any], interval: float) -> str:
@@ -38,4 +51,7 @@ def render_status(before: dict[str, Any], after: dict[str, Any], interval: float
         f"delivered: {sender.get('delivered', 0)}   retried batches: "
         f"{sender.get('retried_batches', 0)}   last error: {sender.get('last_error') or '-'}"
     )
+    budget = after.get("budget")
+    if budget:
+        summary += "\n" + _budget_line(budget)
     return f"{summary}\n{table}" if len(rows) > 1 else f"{summary}\nno queues yet"

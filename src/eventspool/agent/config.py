@@ -124,7 +124,13 @@ _ENUMS: dict[str, tuple[str, ...]] = {
 _SCALARS: dict[str, dict[str, _Kind]] = {
     "agent": _AGENT_KEYS,
     "kafka": {"bootstrap_servers": "str", **_sender_keys()},
-    "spool": {"max_event_bytes": "int", "sticky_batch_bytes": "int", **_QUEUE_KEYS},
+    "spool": {
+        "max_event_bytes": "int",
+        "sticky_batch_bytes": "int",
+        "max_spool_bytes": "int",
+        "max_topics": "int",
+        **_QUEUE_KEYS,
+    },
     "quotas": {"client_bytes_per_s": "int"},
 }
 _TABLES: dict[str, tuple[str, ...]] = {
@@ -597,9 +603,12 @@ class _Loader:
             topics[topic] = self.construct(
                 prefix, overrides, dataclasses.replace, default, **_queue_kwargs(overrides)
             )
-        spool_kwargs = {
+        spool_kwargs: dict[str, int | None] = {
             k: values[k] for k in ("max_event_bytes", "sticky_batch_bytes") if k in values
         }
+        for limit in ("max_spool_bytes", "max_topics"):  # 0 turns the limit off
+            if limit in values:
+                spool_kwargs[limit] = values[limit] or None
         return self.construct(
             "spool", values, SpoolSettings, queue=default, topics=topics, **spool_kwargs
         )

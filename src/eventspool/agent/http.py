@@ -63,6 +63,7 @@ _HTTP_STATUS = {
     Status.UNKNOWN_EXCHANGE: 404,
     Status.UNROUTABLE: 422,
     Status.NO_SPACE: 507,
+    Status.OVER_BUDGET: 507,
 }
 _EVENT_FIELDS = frozenset({"value", "value_b64", "key", "key_b64", "headers"})
 _ROUTED_EVENT_FIELDS = _EVENT_FIELDS | {"routing_key"}

@@ -121,6 +121,7 @@ class Status(IntEnum):
     UNKNOWN_EXCHANGE = 7
     UNROUTABLE = 8
     NO_SPACE = 9
+    OVER_BUDGET = 10
 
 
 _FRAME_TYPES = {member.value: member for member in FrameType}

@@ -60,6 +60,7 @@ from eventspool.errors import (
     EventTooLargeError,
     InvalidEventError,
     InvalidTopicError,
+    SpoolBudgetError,
     SpoolClosedError,
     SpoolFullError,
     UnknownExchangeError,
@@ -124,6 +125,7 @@ class AgentServer:
             "broker_connected": sender.connected if sender else False,
             "protocol_errors": self.protocol_errors,
             "connections": len(self._connections),
+            "budget": asdict(self.spool.budget()),
             "requests": self.requests,
             "throttle_seconds": self.quotas.counters.throttle_seconds,
             "exchanges": {
@@ -414,6 +416,7 @@ def exchange_json(info: ExchangeInfo) -> dict[str, object]:
 
 _STATUS_OF_ERROR: tuple[tuple[type[Exception], Status], ...] = (
     (DiskFullError, Status.NO_SPACE),
+    (SpoolBudgetError, Status.OVER_BUDGET),
     (InvalidTopicError, Status.INVALID_TOPIC),
     (EventTooLargeError, Status.TOO_LARGE),
     (UnknownExchangeError, Status.UNKNOWN_EXCHANGE),

@@ -75,6 +75,7 @@ from eventspool.errors import (
     EventTooLargeError,
     InvalidEventError,
     InvalidTopicError,
+    SpoolBudgetError,
     SpoolClosedError,
     SpoolFullError,
     UnknownExchangeError,
@@ -91,6 +92,7 @@ class AgentError(EventspoolError):
 _ERRORS: Mapping[Status, type[EventspoolError]] = {
     Status.SPOOL_FULL: SpoolFullError,
     Status.NO_SPACE: SpoolFullError,
+    Status.OVER_BUDGET: SpoolBudgetError,
     Status.INVALID_TOPIC: InvalidTopicError,
     Status.TOO_LARGE: EventTooLargeError,
     Status.MALFORMED: InvalidEventError,

@@ -176,6 +176,8 @@ class Sender:
         self.connected = self._ever_connected = True
         missing = []
         for topic in self._registry.topics():
+            if not topic.has_queues:  # being opened, or refused by the disk budget
+                continue
             layout = layouts.get(topic.name)
             if layout is None:
                 missing.append(topic.name)

@@ -16,6 +16,7 @@ from eventspool.errors import EventTooLargeError, InvalidEventError, SpoolClosed
 from eventspool.routing.exchanges import Exchange, routing_key_bytes, validate_routing_key
 from eventspool.routing.table import ExchangeCounts, ExchangeInfo, ExchangeTable
 from eventspool.sender.sender import Sender
+from eventspool.spool.budget import BudgetUse
 from eventspool.spool.lock import OwnerLock
 from eventspool.spool.registry import QueueRef, QueueRegistry, TopicQueues
 from eventspool.spool.ring import RecoveryReport, RingQueue
@@ -248,6 +249,10 @@ class Spool(SpoolFront):
 
     def queues(self) -> list[QueueRef]:
         return list(self._registry.refs())
+
+    def budget(self) -> BudgetUse:
+        """The disk budget's use: queue-file bytes and topics against their limits."""
+        return self._registry.budget.use()
 
     def recovery_reports(self) -> dict[str, RecoveryReport]:
         """What opening each ring found, by file name, for rings that skipped anything."""

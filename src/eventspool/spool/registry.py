@@ -27,9 +27,10 @@ from eventspool._core.native import TopicRoute
 from eventspool.clock import Clock
 from eventspool.config import SpoolSettings
 from eventspool.envelope import EventIdGenerator, decode
-from eventspool.errors import QueueFileError
+from eventspool.errors import QueueFileError, SpoolBudgetError
+from eventspool.spool.budget import DiskBudget
 from eventspool.spool.partitioner import StickyPartitioner, partition_for_key
-from eventspool.spool.ring import RingQueue, append_to_each
+from eventspool.spool.ring import HEADER_SIZE, PAGE, RingQueue, append_to_each
 
 PARTITIONS_FILE = "partitions.json"
 TOPICS_DIR = "topics"
@@ -91,14 +92,21 @@ class TopicQueues:
     def available(self, partitions: frozenset[int] | None) -> None:
         self.route.available = partitions
 
-    def partition_ring(self, partition: int) -> RingQueue:
+    @property
+    def has_queues(self) -> bool:
+        """Whether a queue file was opened: a topic refused its first one has none."""
+        return bool(self.partitions) or self.pending is not None
+
+    def partition_ring(self, partition: int, *, admitted: bool = False) -> RingQueue:
+        """The ring of `partition`, opened or created; `admitted` events (moved from the
+        pending ring) were accepted already, so the disk budget cannot refuse them."""
         ring = self.partitions.get(partition)
         if ring is None:
             with self.lock:
                 ring = self.partitions.get(partition)
                 if ring is None:
                     ring = self._registry.open_ring(
-                        self.name, self.directory / f"{partition}{QUEUE_SUFFIX}"
+                        self.name, self.directory / f"{partition}{QUEUE_SUFFIX}", admitted
                     )
                     self.partitions[partition] = ring
                     self.route.set_ring(partition, ring.core)
@@ -159,6 +167,9 @@ class QueueRegistry:
         self._lock = threading.Lock()
         self._topics: dict[str, TopicQueues] = {}
         self._counts: dict[str, int] = load_partition_counts(directory)
+        self.budget = DiskBudget(
+            directory / TOPICS_DIR, settings.max_spool_bytes, settings.max_topics, clock
+        )
         try:
             self._open_existing()
         except BaseException:
@@ -179,13 +190,36 @@ class QueueRegistry:
                     self._move_pending(topic, topic.pending, topic.partition_count)
                     topic.pending = None
 
-    def open_ring(self, topic: str, path: Path) -> RingQueue:
-        return RingQueue.open(
-            path,
-            self.settings.for_topic(topic),
-            max_payload=self.settings.max_event_bytes,
-            clock=self.clock,
-        )
+    def open_ring(self, topic: str, path: Path, admitted: bool = False) -> RingQueue:
+        """Open the ring at `path`; creating it must fit in the disk budget, unless it is
+        for events accepted already (`admitted`)."""
+        settings = self.settings.for_topic(topic)
+
+        def open_() -> RingQueue:
+            return RingQueue.open(
+                path, settings, max_payload=self.settings.max_event_bytes, clock=self.clock
+            )
+
+        if path.exists():
+            return open_()
+        opened: list[RingQueue] = []
+        size = HEADER_SIZE + (settings.capacity_bytes + PAGE - 1) // PAGE * PAGE
+        try:
+            self.budget.create(
+                topic, path, size, lambda: opened.append(open_()), enforce=not admitted
+            )
+        except SpoolBudgetError:
+            self._forget_if_empty(topic)
+            raise
+        return opened[0]
+
+    def _forget_if_empty(self, name: str) -> None:
+        """Drop a topic refused its first queue: kept, the sender would ask Kafka for it
+        (creating it there, with `create_topics`), once for every name a caller made up."""
+        with self._lock:
+            topic = self._topics.get(name)
+            if topic is not None and not topic.has_queues and name not in self._counts:
+                del self._topics[name]
 
     def topic(self, name: str) -> TopicQueues:
         topic = self._topics.get(name)
@@ -267,10 +301,14 @@ class QueueRegistry:
                     if key is None
                     else partition_for_key(key, count)
                 )
-                topic.partition_ring(partition).append(record.payload, record.timestamp_ms)
+                topic.partition_ring(partition, admitted=True).append(
+                    record.payload, record.timestamp_ms
+                )
             pending.ack(batch[-1].seq)
         pending.close()
+        size = pending.path.stat().st_size
         pending.path.unlink()
+        self.budget.removed(size)
 
     def close(self) -> None:
         for topic in self.topics():

@@ -31,7 +31,8 @@ class AgentProcess:
     """`eventspool agent` in its own process, with its config, socket and log in `directory`.
 
     `extra` is TOML placed after the [agent] keys: more of them, or whole tables such as
-    [topics.NAME] or [exchanges.NAME]. `spool_dir` defaults to `directory/spool`.
+    [topics.NAME] or [exchanges.NAME]; `spool_keys` go into [spool]. `spool_dir` defaults
+    to `directory/spool`.
     """
 
     def __init__(
@@ -43,6 +44,7 @@ class AgentProcess:
         *,
         spool_dir: Path | None = None,
         max_event_bytes: int = 100_000,
+        spool_keys: str = "",
     ) -> None:
         self.directory = directory
         self.socket_path = socket_path or directory / "agent.sock"
@@ -51,7 +53,7 @@ class AgentProcess:
         self.config.write_text(
             f'[agent]\nspool_dir = "{spool}"\nsocket = "{self.socket_path}"\n{extra}\n'
             f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
-            f"[spool]\nmax_event_bytes = {max_event_bytes}\n"
+            f"[spool]\nmax_event_bytes = {max_event_bytes}\n{spool_keys}\n"
         )
         self.log = directory / "agent.log"
         self.process: subprocess.Popen[bytes] | None = None
