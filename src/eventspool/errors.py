@@ -32,6 +32,10 @@ class SpoolBudgetError(SpoolFullError):
     `max_topics`; the queues that exist keep working."""
 
 
+class ForbiddenError(EventspoolError):
+    """The agent's access rules do not allow this topic or exchange."""
+
+
 class SpoolClosedError(EventspoolError):
     """The spool or queue was closed; nothing more is accepted."""
 

@@ -167,7 +167,7 @@ def test_constants_pin_the_format() -> None:
     assert HEADER_SIZE == FRAME_HEADER.size == 9
     assert DEFAULT_MAX_FRAME == 16 * 1024 * 1024
     assert [int(t) for t in FrameType] == [1, 2, 3, 4, 0x81, 0x82, 0x83, 0xFF]
-    assert [int(s) for s in Status] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert [int(s) for s in Status] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     assert issubclass(FrameTooLargeError, ProtocolError)
     assert issubclass(ProtocolError, EventspoolError)
 
@@ -416,7 +416,7 @@ def test_encode_publish_refuses_a_routing_key_the_format_cannot_carry() -> None:
         b"",
         b"\x00\x00\x00\x01",
         b"\xff\xff\xff\xff\x00\x00\x00",
-        b"\x00\x00\x00\x01\x0b\x00\x00",  # unknown status
+        b"\x00\x00\x00\x01\x0c\x00\x00",  # unknown status
         b"\x00\x00\x00\x01\x00\x00\x02\xc3",  # truncated text
         b"\x00\x00\x00\x01\x00\x00\x01\xc3",  # half a UTF-8 character
         b"\x00\x00\x00\x00\x00",  # trailing
@@ -427,7 +427,7 @@ def test_decode_send_result_rejects_malformed_bodies(body: bytes) -> None:
         decode_send_result(body)
 
 
-@pytest.mark.parametrize("body", [b"", b"\x04\x00", b"\x0b\x00\x00", b"\x04\x00\x00\x00"])
+@pytest.mark.parametrize("body", [b"", b"\x04\x00", b"\x0c\x00\x00", b"\x04\x00\x00\x00"])
 def test_decode_error_rejects_malformed_bodies(body: bytes) -> None:
     with pytest.raises(ProtocolError):
         decode_error(body)

@@ -78,9 +78,12 @@ class AgentConfig:
     spool: SpoolSettings = field(default_factory=SpoolSettings)
     sender: SenderSettings = field(default_factory=SenderSettings)
     exchanges: tuple[Exchange, ...] = ()
+    # Glob patterns of the names served; None: every valid name (agent/access.py).
+    allowed_topics: tuple[str, ...] | None = None
+    allowed_exchanges: tuple[str, ...] | None = None
 
 
-_Kind = Literal["int", "float", "bool", "str", "mode"]
+_Kind = Literal["int", "float", "bool", "str", "mode", "patterns"]
 _T = TypeVar("_T")
 
 _AGENT_KEYS: dict[str, _Kind] = {
@@ -93,6 +96,8 @@ _AGENT_KEYS: dict[str, _Kind] = {
     "http": "bool",
     "frame_timeout_s": "float",
     "shutdown_timeout_s": "float",
+    "allowed_topics": "patterns",
+    "allowed_exchanges": "patterns",
 }
 
 
@@ -402,6 +407,8 @@ class _Loader:
             if lowered in _FALSE:
                 return False
             raise fail("true/false, 1/0 or yes/no")
+        if kind == "patterns":  # comma-separated
+            return [item.strip() for item in text.split(",") if item.strip()]
         return text  # str, and socket modes, which are parsed like the file's strings
 
     # -- values ---------------------------------------------------------------------
@@ -436,6 +443,17 @@ class _Loader:
                 if key in _ENUMS and value not in _ENUMS[key]:
                     allowed = ", ".join(json.dumps(v) for v in _ENUMS[key])
                     raise self.error(dotted, value, f"must be one of {allowed}")
+            elif kind == "patterns":
+                if not isinstance(value, list) or not all(
+                    isinstance(item, str) and item for item in value
+                ):
+                    raise self.error(
+                        dotted,
+                        value,
+                        'expected a list of name patterns like ["orders", "logs.*"], '
+                        f"got {_toml_type(value)}",
+                    )
+                value = tuple(value)
             elif kind == "mode" and (isinstance(value, bool) or not isinstance(value, int | str)):
                 raise self.error(
                     dotted, value, f'expected an octal string like "0660", got {_toml_type(value)}'
@@ -591,6 +609,8 @@ class _Loader:
             spool=spool,
             sender=sender,
             exchanges=self._exchanges(sections["exchanges"]),
+            allowed_topics=agent.get("allowed_topics"),
+            allowed_exchanges=agent.get("allowed_exchanges"),
         )
 
     def _spool(self, sections: Mapping[str, Mapping[str, Any]]) -> SpoolSettings:

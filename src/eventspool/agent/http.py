@@ -64,6 +64,7 @@ _HTTP_STATUS = {
     Status.UNROUTABLE: 422,
     Status.NO_SPACE: 507,
     Status.OVER_BUDGET: 507,
+    Status.FORBIDDEN: 403,
 }
 _EVENT_FIELDS = frozenset({"value", "value_b64", "key", "key_b64", "headers"})
 _ROUTED_EVENT_FIELDS = _EVENT_FIELDS | {"routing_key"}

@@ -122,6 +122,7 @@ class Status(IntEnum):
     UNROUTABLE = 8
     NO_SPACE = 9
     OVER_BUDGET = 10
+    FORBIDDEN = 11
 
 
 _FRAME_TYPES = {member.value: member for member in FrameType}

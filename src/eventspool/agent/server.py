@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import cast
 
 from eventspool._core.native import intake_send
+from eventspool.agent.access import AllowList
 from eventspool.agent.http import HttpHandlers, looks_like_http, serve_http
 from eventspool.agent.protocol import (
     DEFAULT_MAX_FRAME,
@@ -95,6 +96,7 @@ class AgentServer:
         frame_timeout_s: float = 30.0,
         quotas: Quotas | None = None,
         tcp_listen: tuple[str, int] | None = None,
+        allow: AllowList | None = None,
     ) -> None:
         self.spool = spool
         self.socket_path = socket_path
@@ -103,6 +105,7 @@ class AgentServer:
         self.frame_timeout_s = frame_timeout_s
         self.executor = ThreadPoolExecutor(_SEND_THREADS, thread_name_prefix="eventspool-send")
         self.quotas = quotas or Quotas(None, {})
+        self.allow = allow or AllowList(None, None)
         self.tcp_listen = tcp_listen
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[_FrameConnection] = set()
@@ -128,6 +131,7 @@ class AgentServer:
             "budget": asdict(self.spool.budget()),
             "requests": self.requests,
             "throttle_seconds": self.quotas.counters.throttle_seconds,
+            "forbidden": self.allow.refused,
             "exchanges": {
                 info.exchange.name: exchange_json(info) for info in self.spool.exchanges()
             },
@@ -299,7 +303,12 @@ class AgentServer:
         A client or topic over its quota gets its answer late, never a refusal. Topic
         quotas apply to SEND; a PUBLISH counts against the client's quota only.
         """
-        if self._may_send_inline(request):
+        exchange = isinstance(request, PublishRequest)
+        name = request.exchange if isinstance(request, PublishRequest) else request.topic
+        refusal = self.allow.refusal(name, exchange=exchange) if self.allow.active else None
+        if refusal is not None:
+            results = [EventResult(Status.FORBIDDEN, refusal)] * len(request.events)
+        elif self._may_send_inline(request):
             results = self.results(request)
         else:
             loop = asyncio.get_running_loop()
@@ -342,6 +351,7 @@ class AgentServer:
                 "protocol_errors": self.protocol_errors,
                 "throttled_responses": counters.throttled_responses,
                 "throttle_seconds": counters.throttle_seconds,
+                "forbidden_requests": self.allow.refused,
             },
         )
 
@@ -593,6 +603,15 @@ class _FrameConnection(asyncio.Protocol):
         if frame.type is not FrameType.SEND and frame.type is not FrameType.PUBLISH:
             return server.answer_now(frame)
         server.requests += 1
+        if server.allow.active:
+            name = _target_name(frame.body)
+            refusal = (
+                None
+                if name is None  # the decoder's own error follows
+                else server.allow.refusal(name, exchange=frame.type is FrameType.PUBLISH)
+            )
+            if refusal is not None:
+                return encode_error(frame.request_id, Status.FORBIDDEN, refusal)
         queue = server.queue_of(frame)
         if queue is not None:
             self._enqueue(queue, frame)

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from eventspool.agent.access import AllowList
 from eventspool.agent.config import AgentConfig, ConfigError
 from eventspool.agent.quotas import Quotas
 from eventspool.agent.server import AgentServer
@@ -64,6 +65,7 @@ async def serve(config: AgentConfig, spool: Spool, adopted: Sequence[Path] = ())
         frame_timeout_s=config.frame_timeout_s,
         quotas=Quotas(config.quota_client_bytes_per_s, config.quota_topic_bytes_per_s),
         tcp_listen=_host_port(config.tcp_listen) if config.tcp_listen else None,
+        allow=AllowList(config.allowed_topics, config.allowed_exchanges),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -73,6 +73,7 @@ from eventspool.envelope import HeadersInput
 from eventspool.errors import (
     EventspoolError,
     EventTooLargeError,
+    ForbiddenError,
     InvalidEventError,
     InvalidTopicError,
     SpoolBudgetError,
@@ -93,6 +94,7 @@ _ERRORS: Mapping[Status, type[EventspoolError]] = {
     Status.SPOOL_FULL: SpoolFullError,
     Status.NO_SPACE: SpoolFullError,
     Status.OVER_BUDGET: SpoolBudgetError,
+    Status.FORBIDDEN: ForbiddenError,
     Status.INVALID_TOPIC: InvalidTopicError,
     Status.TOO_LARGE: EventTooLargeError,
     Status.MALFORMED: InvalidEventError,
