@@ -27,9 +27,15 @@ FSYNC_SECONDS = Histogram(
 
 
 class SpoolCollector(Collector):
-    def __init__(self, spool: Spool, extra: Callable[[], dict[str, float]] | None = None) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        extra: Callable[[], dict[str, float]] | None = None,
+        labelled: Callable[[], dict[str, tuple[str, str, dict[str, float]]]] | None = None,
+    ) -> None:
         self._spool = spool
         self._extra = extra or dict
+        self._labelled = labelled or dict
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         labels = ["topic", "partition"]
@@ -142,10 +148,23 @@ class SpoolCollector(Collector):
             )
         for name, value in self._extra().items():
             yield CounterMetricFamily(f"eventspool_{name}", name.replace("_", " "), value=value)
+        for name, (documentation, label, values) in self._labelled().items():
+            family = CounterMetricFamily(f"eventspool_{name}", documentation, labels=[label])
+            for label_value, value in values.items():
+                family.add_metric([label_value], value)
+            yield family
 
 
-def render(spool: Spool, extra: Callable[[], dict[str, float]] | None = None) -> bytes:
-    """The Prometheus text exposition of `spool` plus the process-wide histograms."""
+def render(
+    spool: Spool,
+    extra: Callable[[], dict[str, float]] | None = None,
+    labelled: Callable[[], dict[str, tuple[str, str, dict[str, float]]]] | None = None,
+) -> bytes:
+    """The Prometheus text exposition of `spool` plus the process-wide histograms.
+
+    `extra` adds plain counters by name; `labelled` adds counters with one label:
+    name -> (help, label name, value per label value).
+    """
     registry = CollectorRegistry()
-    registry.register(SpoolCollector(spool, extra))
+    registry.register(SpoolCollector(spool, extra, labelled))
     return generate_latest(registry) + generate_latest(PROCESS_REGISTRY)

@@ -1,4 +1,9 @@
-"""Which topics and exchanges the agent serves: `allowed_topics` and `allowed_exchanges`.
+"""Which topics and exchanges the agent serves, and to whom.
+
+`allowed_topics` and `allowed_exchanges` bound what the agent serves at all. `[[access]]`
+rules bound what each local peer may use, by the uid and gid the kernel reports for the
+unix socket (SO_PEERCRED): a peer gets the union of the rules that match it and nothing
+more; with no rules, the socket's file permissions alone decide, as before.
 
 Patterns are shell-style globs (`orders.*`, `logs-??`), matched case-sensitively against
 the whole name. A name no pattern matches is refused as FORBIDDEN before anything is
@@ -11,9 +16,12 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 _CACHE_MAX = 4096
+_LOGGED_MAX = 100
 
 
 class NamePatterns:
@@ -58,3 +66,78 @@ class AllowList:
         self.refused += 1
         kind, key = ("exchange", "allowed_exchanges") if exchange else ("topic", "allowed_topics")
         return f"{kind} {name!r} is not allowed on this agent ({key} in agent.toml)"
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Who is on the other end of a unix socket (SO_PEERCRED); None fields: not known
+    (a TCP client)."""
+
+    pid: int | None
+    uid: int | None
+    gid: int | None
+
+    def __str__(self) -> str:
+        if self.uid is None:
+            return "a TCP client"
+        return f"pid {self.pid} (uid {self.uid}, gid {self.gid})"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRule:
+    """`[[access]]` in agent.toml: the peers it matches (by uid or primary gid) may use
+    the topics and exchanges its patterns name."""
+
+    name: str
+    uids: frozenset[int]
+    gids: frozenset[int]
+    topics: tuple[str, ...]
+    exchanges: tuple[str, ...]
+
+    def matches(self, peer: Peer) -> bool:
+        return peer.uid in self.uids or peer.gid in self.gids
+
+
+class Grant:
+    """What one peer may use: the union of the rules that match it, nothing beyond."""
+
+    def __init__(self, peer: Peer, rules: Sequence[PeerRule]) -> None:
+        self.peer = peer
+        self.rules = tuple(rule.name for rule in rules)
+        self._logged: set[str] = set()
+        self._topics = NamePatterns([p for rule in rules for p in rule.topics])
+        self._exchanges = NamePatterns([p for rule in rules for p in rule.exchanges])
+
+    def refusal(self, name: str, *, exchange: bool) -> str | None:
+        """Why this peer may not send to `name`, naming the rules that decided; None if it may."""
+        if (self._exchanges if exchange else self._topics).allows(name):
+            return None
+        kind = "exchange" if exchange else "topic"
+        decided = ", ".join(self.rules) if self.rules else "no [[access]] rule matches it"
+        return f"{self.peer} may not use {kind} {name!r} (rules: {decided})"
+
+    def logged(self, name: str) -> bool:
+        """True the first time `name` is refused to this peer (bounded): one access-log
+        line per peer and name, not one per event."""
+        if name in self._logged or len(self._logged) >= _LOGGED_MAX:
+            return False
+        self._logged.add(name)
+        return True
+
+
+class PeerRules:
+    """Every `[[access]]` rule; without any, a peer gets no grant to check (the socket's
+    own permissions decide, as before). Refusals are counted per deciding rule."""
+
+    def __init__(self, rules: Sequence[PeerRule]) -> None:
+        self.rules = tuple(rules)
+        self.refusals: Counter[str] = Counter()
+
+    def grant(self, peer: Peer) -> Grant | None:
+        if not self.rules:
+            return None
+        return Grant(peer, [rule for rule in self.rules if rule.matches(peer)])
+
+    def refused(self, grant: Grant) -> None:
+        for rule in grant.rules or ("(none)",):
+            self.refusals[rule] += 1

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import grp
 import ipaddress
 import json
 import math
 import os
+import pwd
 import re
 import sys
 import tomllib
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from eventspool.agent.access import PeerRule
 from eventspool.config import (
     Durability,
     FullPolicy,
@@ -81,6 +84,7 @@ class AgentConfig:
     # Glob patterns of the names served; None: every valid name (agent/access.py).
     allowed_topics: tuple[str, ...] | None = None
     allowed_exchanges: tuple[str, ...] | None = None
+    access: tuple[PeerRule, ...] = ()  # [[access]]: what each local uid or gid may use
 
 
 _Kind = Literal["int", "float", "bool", "str", "mode", "patterns"]
@@ -145,6 +149,7 @@ _TABLES: dict[str, tuple[str, ...]] = {
     "quotas": ("topics",),
 }
 _SECTIONS = (*_SCALARS, "topics", "exchanges")
+_ACCESS_KEYS = ("name", "uids", "users", "gids", "groups", "topics", "exchanges")
 _EXCHANGE_KEYS = ("type", "bindings", "alternate_topic")
 _BINDING_KEYS = ("topic", "key")
 _EXCHANGE_TYPES = ", ".join(json.dumps(member.value) for member in ExchangeType)
@@ -268,6 +273,7 @@ class _Loader:
         self.file = file
         self.base = file.absolute().parent if file is not None else Path.cwd()
         self.from_env: dict[str, str] = {}  # dotted key -> environment variable
+        self.access_tables: list[Mapping[str, Any]] = []
 
     # -- messages -------------------------------------------------------------------
 
@@ -298,6 +304,11 @@ class _Loader:
         """Reject unknown sections and keys before any value is looked at."""
         sections: dict[str, dict[str, Any]] = {}
         for name, body in raw.items():
+            if name == "access":  # [[access]]: an array of tables, read by _access()
+                if not isinstance(body, list) or not all(isinstance(rule, dict) for rule in body):
+                    raise self.error("access", body, "expected [[access]] tables")
+                self.access_tables = list(body)
+                continue
             if name not in _SECTIONS:
                 if not isinstance(body, dict):
                     # A key above every section: probably a forgotten [section] header.
@@ -611,7 +622,62 @@ class _Loader:
             exchanges=self._exchanges(sections["exchanges"]),
             allowed_topics=agent.get("allowed_topics"),
             allowed_exchanges=agent.get("allowed_exchanges"),
+            access=tuple(
+                self._access_rule(index, body) for index, body in enumerate(self.access_tables)
+            ),
         )
+
+    def _access_rule(self, index: int, body: Mapping[str, Any]) -> PeerRule:
+        """One [[access]] table: the uids/users and gids/groups it matches, and the topic
+        and exchange patterns it grants them."""
+        prefix = f"access[{index}]"
+        for key in body:
+            if key not in _ACCESS_KEYS:
+                close = _close(key, _ACCESS_KEYS)
+                raise self.unknown(
+                    f"{prefix}.{key}", "key", _ACCESS_KEYS, close and f"{prefix}.{close}"
+                )
+        name = body.get("name", prefix)
+        if not isinstance(name, str) or not name:
+            raise self.error(f"{prefix}.name", name, "expected a non-empty string")
+        uids = set(self._ids(prefix, body, "uids"))
+        gids = set(self._ids(prefix, body, "gids"))
+        for user in self._names(prefix, body, "users"):
+            try:
+                uids.add(pwd.getpwnam(user).pw_uid)
+            except KeyError:
+                raise self.error(f"{prefix}.users", user, "no such user on this host") from None
+        for group in self._names(prefix, body, "groups"):
+            try:
+                gids.add(grp.getgrnam(group).gr_gid)
+            except KeyError:
+                raise self.error(f"{prefix}.groups", group, "no such group on this host") from None
+        if not uids and not gids:
+            raise ConfigError(
+                f"{self.where(prefix)}: matches nobody; give uids, users, gids or groups",
+                key=prefix,
+            )
+        return PeerRule(
+            name,
+            frozenset(uids),
+            frozenset(gids),
+            tuple(self._names(prefix, body, "topics")),
+            tuple(self._names(prefix, body, "exchanges")),
+        )
+
+    def _ids(self, prefix: str, body: Mapping[str, Any], key: str) -> list[int]:
+        values = body.get(key, [])
+        if not isinstance(values, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
+        ):
+            raise self.error(f"{prefix}.{key}", values, "expected a list of numeric ids")
+        return values
+
+    def _names(self, prefix: str, body: Mapping[str, Any], key: str) -> list[str]:
+        values = body.get(key, [])
+        if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
+            raise self.error(f"{prefix}.{key}", values, "expected a list of non-empty strings")
+        return values
 
     def _spool(self, sections: Mapping[str, Mapping[str, Any]]) -> SpoolSettings:
         values = self.typed("spool", sections["spool"], _SCALARS["spool"])

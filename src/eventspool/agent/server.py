@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import cast
 
 from eventspool._core.native import intake_send
-from eventspool.agent.access import AllowList
+from eventspool.agent.access import AllowList, Grant, Peer, PeerRules
 from eventspool.agent.http import HttpHandlers, looks_like_http, serve_http
 from eventspool.agent.protocol import (
     DEFAULT_MAX_FRAME,
@@ -97,6 +97,7 @@ class AgentServer:
         quotas: Quotas | None = None,
         tcp_listen: tuple[str, int] | None = None,
         allow: AllowList | None = None,
+        peer_rules: PeerRules | None = None,
     ) -> None:
         self.spool = spool
         self.socket_path = socket_path
@@ -106,6 +107,7 @@ class AgentServer:
         self.executor = ThreadPoolExecutor(_SEND_THREADS, thread_name_prefix="eventspool-send")
         self.quotas = quotas or Quotas(None, {})
         self.allow = allow or AllowList(None, None)
+        self.peer_rules = peer_rules or PeerRules(())
         self.tcp_listen = tcp_listen
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[_FrameConnection] = set()
@@ -131,7 +133,8 @@ class AgentServer:
             "budget": asdict(self.spool.budget()),
             "requests": self.requests,
             "throttle_seconds": self.quotas.counters.throttle_seconds,
-            "forbidden": self.allow.refused,
+            "forbidden": self.allow.refused + self.peer_rules.refusals.total(),
+            "forbidden_by_rule": dict(self.peer_rules.refusals),
             "exchanges": {
                 info.exchange.name: exchange_json(info) for info in self.spool.exchanges()
             },
@@ -177,10 +180,11 @@ class AgentServer:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         client: str,
+        grant: Grant | None = None,
     ) -> None:
         """Serve a connection whose first bytes were an HTTP request, in a task of its own."""
         handlers = HttpHandlers(
-            send=functools.partial(self.send, client=client),
+            send=functools.partial(self.send, client=client, grant=grant),
             metrics=self.metrics,
             health=self.health,
             exchanges=self.list_exchanges,
@@ -297,7 +301,9 @@ class AgentServer:
             )
         return self._send_all(request)
 
-    async def send(self, request: SendRequest | PublishRequest, client: str) -> list[EventResult]:
+    async def send(
+        self, request: SendRequest | PublishRequest, client: str, grant: Grant | None = None
+    ) -> list[EventResult]:
         """Spool an HTTP request's events, off the event loop when they may wait.
 
         A client or topic over its quota gets its answer late, never a refusal. Topic
@@ -305,7 +311,7 @@ class AgentServer:
         """
         exchange = isinstance(request, PublishRequest)
         name = request.exchange if isinstance(request, PublishRequest) else request.topic
-        refusal = self.allow.refusal(name, exchange=exchange) if self.allow.active else None
+        refusal = self.refusal(name, exchange=exchange, grant=grant)
         if refusal is not None:
             results = [EventResult(Status.FORBIDDEN, refusal)] * len(request.events)
         elif self._may_send_inline(request):
@@ -319,6 +325,21 @@ class AgentServer:
             if delay > 0:
                 await asyncio.sleep(delay)
         return results
+
+    def refusal(self, name: str, *, exchange: bool, grant: Grant | None) -> str | None:
+        """Why a send to `name` is forbidden: not allowed on the agent, or not to this peer."""
+        if self.allow.active:
+            refusal = self.allow.refusal(name, exchange=exchange)
+            if refusal is not None:
+                return refusal
+        if grant is None:
+            return None
+        refusal = grant.refusal(name, exchange=exchange)
+        if refusal is not None:
+            self.peer_rules.refused(grant)
+            if grant.logged(name):
+                log.info("access refused: %s", refusal)
+        return refusal
 
     def _may_send_inline(self, request: SendRequest | PublishRequest) -> bool:
         """Small requests to queues that never wait are spooled on the event loop itself.
@@ -352,6 +373,14 @@ class AgentServer:
                 "throttled_responses": counters.throttled_responses,
                 "throttle_seconds": counters.throttle_seconds,
                 "forbidden_requests": self.allow.refused,
+            },
+            lambda: {
+                "access_refusals": (
+                    "Requests an [[access]] rule refused, by the rules that matched the peer "
+                    "((none): no rule did).",
+                    "rule",
+                    dict(self.peer_rules.refusals),
+                )
             },
         )
 
@@ -485,6 +514,16 @@ def _client_name(transport: asyncio.BaseTransport) -> str:
     return str(transport.get_extra_info("peername"))
 
 
+def _peer(transport: asyncio.BaseTransport) -> Peer:
+    """The kernel's word on who connected (SO_PEERCRED); unknown for a TCP client."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family == socket.AF_UNIX:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER_CREDENTIALS.size)
+        pid, uid, gid = _PEER_CREDENTIALS.unpack(raw)
+        return Peer(pid, uid, gid)
+    return Peer(None, None, None)
+
+
 def _target_name(body: bytes) -> str | None:
     """The topic of a SEND body, or the exchange of a PUBLISH; None if it does not decode."""
     end = 2 + int.from_bytes(body[:2], "big")
@@ -518,6 +557,7 @@ class _FrameConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.client = ""
+        self.grant: Grant | None = None
         self.decoder = FrameDecoder(server.max_frame)
         self.started = False
         self.closing = False
@@ -537,6 +577,7 @@ class _FrameConnection(asyncio.Protocol):
         # A stream transport; uvloop's do not derive from asyncio.Transport.
         self.transport = cast(asyncio.Transport, transport)
         self.client = _client_name(self.transport)
+        self.grant = self.server.peer_rules.grant(_peer(self.transport))
         self.server._connections.add(self)
         self.timer = self.loop.call_later(self.server.frame_timeout_s, self._silent)
 
@@ -603,12 +644,14 @@ class _FrameConnection(asyncio.Protocol):
         if frame.type is not FrameType.SEND and frame.type is not FrameType.PUBLISH:
             return server.answer_now(frame)
         server.requests += 1
-        if server.allow.active:
+        if server.allow.active or self.grant is not None:
             name = _target_name(frame.body)
             refusal = (
                 None
                 if name is None  # the decoder's own error follows
-                else server.allow.refusal(name, exchange=frame.type is FrameType.PUBLISH)
+                else server.refusal(
+                    name, exchange=frame.type is FrameType.PUBLISH, grant=self.grant
+                )
             )
             if refusal is not None:
                 return encode_error(frame.request_id, Status.FORBIDDEN, refusal)
@@ -731,7 +774,7 @@ class _FrameConnection(asyncio.Protocol):
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
         writer = asyncio.StreamWriter(transport, protocol, reader, self.loop)
-        self.server.serve_http(first, reader, writer, self.client)
+        self.server.serve_http(first, reader, writer, self.client, self.grant)
 
     async def finish(self) -> None:
         """For the agent's stop: let the requests in the pool be answered, then close."""

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from eventspool.agent.access import AllowList
+from eventspool.agent.access import AllowList, PeerRules
 from eventspool.agent.config import AgentConfig, ConfigError
 from eventspool.agent.quotas import Quotas
 from eventspool.agent.server import AgentServer
@@ -66,6 +66,7 @@ async def serve(config: AgentConfig, spool: Spool, adopted: Sequence[Path] = ())
         quotas=Quotas(config.quota_client_bytes_per_s, config.quota_topic_bytes_per_s),
         tcp_listen=_host_port(config.tcp_listen) if config.tcp_listen else None,
         allow=AllowList(config.allowed_topics, config.allowed_exchanges),
+        peer_rules=PeerRules(config.access),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
