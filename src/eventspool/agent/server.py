@@ -504,14 +504,9 @@ def _failure(exc: Exception, where: str) -> EventResult:
 _PEER_CREDENTIALS = struct.Struct("3i")
 
 
-def _client_name(transport: asyncio.BaseTransport) -> str:
+def _client_name(transport: asyncio.BaseTransport, peer: Peer) -> str:
     """Who is on the other end, for quotas: the peer's pid on a unix socket, else its address."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family == socket.AF_UNIX:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER_CREDENTIALS.size)
-        pid, uid, _ = _PEER_CREDENTIALS.unpack(raw)
-        return f"pid {pid} (uid {uid})"
-    return str(transport.get_extra_info("peername"))
+    return str(peer) if peer.uid is not None else str(transport.get_extra_info("peername"))
 
 
 def _peer(transport: asyncio.BaseTransport) -> Peer:
@@ -576,8 +571,9 @@ class _FrameConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport; uvloop's do not derive from asyncio.Transport.
         self.transport = cast(asyncio.Transport, transport)
-        self.client = _client_name(self.transport)
-        self.grant = self.server.peer_rules.grant(_peer(self.transport))
+        peer = _peer(self.transport)
+        self.client = _client_name(self.transport, peer)
+        self.grant = self.server.peer_rules.grant(peer)
         self.server._connections.add(self)
         self.timer = self.loop.call_later(self.server.frame_timeout_s, self._silent)
 
