@@ -1,0 +1,119 @@
+"""The agent's compiled intake, `intake_send`, and the client's `decode_results`, in process.
+
+Each event intake_send accepts must be in its ring, decoding to the key and value sent,
+under the id its answer gives; what it leaves to the Python path (a topic not opened
+yet, headers, a body that does not parse) goes through the fallback or returns None.
+Random bodies must never crash it. The sanitizer test runs this file against the
+instrumented build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eventspool._core.native import decode_results, intake_send
+from eventspool.agent.protocol import (
+    FrameDecoder,
+    FrameType,
+    Status,
+    WireEvent,
+    decode_send_result,
+    encode_send,
+)
+from eventspool.config import QueueSettings, SpoolSettings
+from eventspool.envelope import decode
+from eventspool.spool.api import Spool
+
+TOPIC = "intake"
+SETTINGS = SpoolSettings(max_event_bytes=4096, queue=QueueSettings(capacity_bytes=1 << 20))
+
+payloads = st.one_of(st.none(), st.binary(max_size=300))
+events = st.lists(st.tuples(payloads, payloads), min_size=1, max_size=40)
+
+
+def _spool(directory: Path) -> Spool:
+    spool = Spool(directory, settings=SETTINGS)
+    spool.set_partition_count(TOPIC, 2)
+    return spool
+
+
+def _fallback(spool: Spool) -> object:
+    calls: list[tuple[str, bytes | None, bytes | None]] = []
+
+    def fallback(topic: str, value: bytes | None, key: bytes | None) -> tuple[int, bytes]:
+        calls.append((topic, value, key))
+        return Status.OK, spool.send(topic, value, key).encode()
+
+    fallback.calls = calls  # type: ignore[attr-defined]
+    return fallback
+
+
+def _spooled(spool: Spool) -> dict[str, tuple[bytes | None, bytes | None]]:
+    found = {}
+    for ref in spool.queues():
+        for record in ref.ring.read_batch(10_000, 1 << 24):
+            event = decode(record.payload)
+            found[event.event_id] = (event.key, event.value)
+    return found
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=events, request_id=st.integers(1, 2**32 - 1))
+def test_every_accepted_event_is_in_its_ring_under_the_id_it_was_answered_with(
+    tmp_path_factory: object, batch: list[tuple[bytes | None, bytes | None]], request_id: int
+) -> None:
+    directory = tmp_path_factory.mktemp("intake")  # type: ignore[attr-defined]
+    with _spool(directory) as spool:
+        spool.send(TOPIC, b"opens partition 0", b"0")  # "0" hashes to one partition,
+        spool.send(TOPIC, b"opens partition 1", b"2")  # "2" to the other
+        fallback = _fallback(spool)
+        body = encode_send(request_id, TOPIC, [WireEvent(v, k, None) for k, v in batch])[9:]
+        answer = intake_send(spool, request_id, body, fallback)  # type: ignore[arg-type]
+        assert answer is not None, "plain events to an open topic stay on the compiled path"
+        frame_bytes, accepted = answer
+        (frame,) = FrameDecoder().feed(frame_bytes)
+        assert (frame.type, frame.request_id) == (FrameType.SEND_RESULT, request_id)
+        ids = decode_results(frame.body)
+        assert [r.text for r in decode_send_result(frame.body)] == ids
+        assert all(isinstance(event_id, str) for event_id in ids)
+        assert accepted == sum(len(k or b"") + len(v or b"") for k, v in batch)  # quotas
+        spooled = _spooled(spool)
+        assert [spooled[event_id] for event_id in ids] == batch  # type: ignore[index]
+
+
+def test_a_topic_not_opened_yet_goes_through_the_fallback(tmp_path: Path) -> None:
+    with Spool(tmp_path, settings=SETTINGS) as spool:
+        fallback = _fallback(spool)
+        body = encode_send(7, "fresh", [WireEvent(b"v", b"k", None)])[9:]
+        answer = intake_send(spool, 7, body, fallback)  # type: ignore[arg-type]
+        assert fallback.calls == [("fresh", b"v", b"k")]  # type: ignore[attr-defined]
+        assert answer is not None
+        (frame,) = FrameDecoder().feed(answer[0])
+        (event_id,) = decode_results(frame.body)
+        assert _spooled(spool)[str(event_id)] == (b"k", b"v")
+
+
+def test_events_with_headers_are_left_to_the_python_path(tmp_path: Path) -> None:
+    with _spool(tmp_path) as spool:
+        body = encode_send(1, TOPIC, [WireEvent(b"v", None, [("h", b"x")])])[9:]
+        assert intake_send(spool, 1, body, _fallback(spool)) is None  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.binary(max_size=200))
+def test_random_bodies_never_crash_the_intake_nor_the_result_decoder(
+    tmp_path_factory: object, body: bytes
+) -> None:
+    directory = tmp_path_factory.mktemp("fuzz")  # type: ignore[attr-defined]
+    with _spool(directory) as spool:
+        spool.send(TOPIC, b"open", b"0")
+        answer = intake_send(spool, 3, body, _fallback(spool))  # type: ignore[arg-type]
+        if answer is not None:
+            (frame,) = FrameDecoder().feed(answer[0])
+            decode_results(frame.body)
+    with contextlib.suppress(ValueError):  # a clear refusal is fine; a crash is not
+        decode_results(body)
