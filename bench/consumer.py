@@ -13,8 +13,8 @@
       calling the same no-op function on each message from `consume(1000, 0.1)` with
       auto-commit on (the loop most users write). Rate = N / (first message to last).
       On the embedded broker this loop's fetches stall for about 0.7 s at a time, one to
-      three times per read, so its rate ranges from 200k to 860k events/s between runs;
-      the ratio moves with it, and the poll thread's CPU per event is the steadier gauge.
+      three times per read, so its rate ranges from 200k to 860k events/s between runs,
+      and the ratio moves with it.
 (b) CPU-bound handler: each event burns 1 ms of CPU (`time.thread_time`), M events,
     `Consumer` with 1 and then 2 workers, rate measured as in (a). Scaling = rate with 2
     workers / rate with 1. The machine has two cores, which the poll thread, librdkafka
