@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -49,8 +50,10 @@ class QueueSettings:
     def __post_init__(self) -> None:
         if self.capacity_bytes < 64 * 1024:
             raise ValueError(f"capacity_bytes={self.capacity_bytes}: must be at least 65536")
-        if self.block_timeout_s < 0:
-            raise ValueError(f"block_timeout_s={self.block_timeout_s}: must not be negative")
+        if not 0 <= self.block_timeout_s < math.inf:
+            raise ValueError(
+                f"block_timeout_s={self.block_timeout_s}: must be finite and not negative"
+            )
         object.__setattr__(self, "durability", Durability(self.durability))
         object.__setattr__(self, "full_policy", FullPolicy(self.full_policy))
 
@@ -76,6 +79,8 @@ class SpoolSettings:
     def __post_init__(self) -> None:
         if self.max_event_bytes < 1:
             raise ValueError(f"max_event_bytes={self.max_event_bytes}: must be positive")
+        if self.sticky_batch_bytes < 1:
+            raise ValueError(f"sticky_batch_bytes={self.sticky_batch_bytes}: must be positive")
         for name in ("max_spool_bytes", "max_topics"):
             limit = getattr(self, name)
             if limit is not None and (isinstance(limit, bool) or limit < 1):

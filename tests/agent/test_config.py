@@ -365,7 +365,13 @@ def test_settings_value_errors_name_our_key(tmp_path: Path) -> None:
     error = error_of(tmp_path, '[kafka]\ncompression = "brotli"\n')
     assert 'kafka.compression = "brotli": use lz4, zstd, gzip, snappy or none' in str(error)
     error = error_of(tmp_path, "[topics.orders]\nblock_timeout_s = -1\n")
-    assert "topics.orders.block_timeout_s = -1.0: must not be negative" in str(error)
+    assert "topics.orders.block_timeout_s = -1.0: must be finite and not negative" in str(error)
+    error = error_of(tmp_path, "[topics.orders]\nblock_timeout_s = inf\n")
+    assert "topics.orders.block_timeout_s = inf: must be finite and not negative" in str(error)
+    error = error_of(tmp_path, "[agent]\nframe_timeout_s = inf\n")
+    assert "agent.frame_timeout_s = inf: must be positive and finite" in str(error)
+    error = error_of(tmp_path, "[spool]\nsticky_batch_bytes = 0\n")
+    assert "spool.sticky_batch_bytes = 0: must be positive" in str(error)
 
 
 def test_event_size_that_does_not_fit_a_topic_queue(tmp_path: Path) -> None:

@@ -555,8 +555,8 @@ class _Loader:
         return value
 
     def positive_float(self, key: str, value: float) -> float:
-        if value <= 0:
-            raise self.error(key, value, "must be positive")
+        if value <= 0 or math.isinf(value):
+            raise self.error(key, value, "must be positive and finite")
         return float(value)
 
     # -- assembly -------------------------------------------------------------------
