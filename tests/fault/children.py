@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -46,10 +47,18 @@ class KilledChild:
     start: int
     lines: list[str]
     stderr: str
+    pid: int
 
 
-def run_and_kill(module: str, args: list[str], delay_s: float) -> KilledChild:
-    """Run `python -m module args`, SIGKILL it `delay_s` after its ready line."""
+def run_and_kill(
+    module: str,
+    args: list[str],
+    delay_s: float = 0.0,
+    *,
+    until: Callable[[LineReader, subprocess.Popen[bytes]], object] | None = None,
+) -> KilledChild:
+    """Run `python -m module args`, SIGKILL it `delay_s` after its ready line, or as soon
+    as `until(reader, process)` returns."""
     with tempfile.TemporaryFile() as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", module, *args],
@@ -63,7 +72,10 @@ def run_and_kill(module: str, args: list[str], delay_s: float) -> KilledChild:
         reader.start()
         try:
             assert reader.ready.wait(READY_TIMEOUT_S), f"{module} never became ready"
-            time.sleep(delay_s)
+            if until is None:
+                time.sleep(delay_s)
+            else:
+                until(reader, proc)
         finally:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGKILL)
@@ -74,4 +86,4 @@ def run_and_kill(module: str, args: list[str], delay_s: float) -> KilledChild:
         errors = stderr.read().decode(errors="replace")
     assert proc.returncode == -signal.SIGKILL, f"{module} died on its own: {errors}"
     assert reader.lines and reader.lines[0].startswith("R "), f"no ready line: {errors}"
-    return KilledChild(int(reader.lines[0].split()[1]), reader.lines[1:], errors)
+    return KilledChild(int(reader.lines[0].split()[1]), reader.lines[1:], errors, proc.pid)

@@ -13,10 +13,7 @@ import json
 import logging
 import os
 import random
-import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -32,7 +29,7 @@ from eventspool.spool.api import Spool
 from eventspool.testing.agent import AgentProcess
 from eventspool.verify import consume_event_ids, header_event_id
 from tests.fault import logging_child, test_agent_kill
-from tests.fault.children import READY_TIMEOUT_S, REPO_ROOT, LineReader
+from tests.fault.children import LineReader, run_and_kill
 
 # pytest collects fixtures from module attributes by attribute name (see tests/client).
 short_dir = test_agent_kill.short_dir
@@ -98,40 +95,14 @@ def test_sigkill_after_100k_records_loses_none_whose_emit_returned(
     directory ships the rest, and Kafka holds each record once, every field intact."""
     topic = topic_factory(PARTITIONS)
     directory = tmp_path / "spool"
-    with tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.fault.logging_child",
-                str(directory),
-                broker.bootstrap_servers,
-                topic,
-                str(THREADS),
-                str(RECORDS),
-            ],
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-        )
-        assert process.stdout is not None
-        reader = LineReader(process.stdout)
-        reader.start()
-        try:
-            assert reader.ready.wait(READY_TIMEOUT_S), "the logging child never became ready"
-            done = _wait_for_done(reader, process)
-        finally:
-            if process.poll() is None:
-                os.kill(process.pid, signal.SIGKILL)
-            process.wait()
-            reader.join(10)
-            process.stdout.close()
-        stderr.seek(0)
-        errors = stderr.read().decode(errors="replace")
-    assert process.returncode == -signal.SIGKILL, errors
-    assert not errors, f"the handler reported errors: {errors[-2000:]}"
-    emitted = {int(line) for line in reader.lines[1:-1]}
+    report = run_and_kill(
+        "tests.fault.logging_child",
+        [str(directory), broker.bootstrap_servers, topic, str(THREADS), str(RECORDS)],
+        until=_wait_for_done,
+    )
+    assert not report.stderr, f"the handler reported errors: {report.stderr[-2000:]}"
+    *emitted_lines, done = report.lines
+    emitted = {int(line) for line in emitted_lines}
     assert emitted == set(range(RECORDS))
     record_property("unacknowledged_at_kill", int(done.split()[1]))
 
@@ -164,7 +135,7 @@ def test_sigkill_after_100k_records_loses_none_whose_emit_returned(
                 assert fields["exception"]["type"] == "RuntimeError"
                 assert f"failure {seq}" in fields["exception"]["traceback"]
             pids.add(fields["process"])
-    assert pids == {process.pid}
+    assert pids == {report.pid}
     for worker, seqs in _first_seqs_per_key(consumed, "worker").items():
         assert seqs == list(range(int(str(worker)), RECORDS, THREADS)), f"worker {worker} order"
 
