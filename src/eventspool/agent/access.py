@@ -53,10 +53,8 @@ class AllowList:
         self.topics = NamePatterns(topics)
         self.exchanges = NamePatterns(exchanges)
         self.refused = 0
-
-    @property
-    def active(self) -> bool:
-        return self.topics.patterns is not None or self.exchanges.patterns is not None
+        # Read for every request: with no patterns, nothing else is looked at.
+        self.active = topics is not None or exchanges is not None
 
     def refusal(self, name: str, *, exchange: bool) -> str | None:
         """Why a send to `name` is refused, or None when it is allowed."""

@@ -155,8 +155,8 @@ def _failure(exc: Exception) -> Failure:
     return (type(exc).__qualname__, str(exc), text)
 
 
-# One event in an async worker: (task id, index in the task, record, attempt).
-_AsyncItem = tuple[int, int, WireRecord, int]
+# One event in an async worker: (task id, index in the task, record, attempt, its scope).
+_AsyncItem = tuple[int, int, WireRecord, int, Hashable]
 
 
 class _AsyncWorker:
@@ -195,8 +195,8 @@ class _AsyncWorker:
         task_id, items = task
         behind, ordering = self._behind, self._ordering
         for index, (wire, attempt) in enumerate(items):
-            item = (task_id, index, wire, attempt)
             scope = scope_of(ordering, wire[0], wire[1], wire[3])
+            item = (task_id, index, wire, attempt, scope)
             if scope is None:
                 self._ready.put_nowait(item)
             elif scope in behind:
@@ -207,8 +207,7 @@ class _AsyncWorker:
 
     async def _runner(self) -> None:
         while (item := await self._ready.get()) is not None:
-            wire = item[2]
-            scope = scope_of(self._ordering, wire[0], wire[1], wire[3])
+            scope = item[4]
             succeeded = await self._run(item)
             if scope is None:
                 continue
@@ -222,7 +221,7 @@ class _AsyncWorker:
             del self._behind[scope]
 
     async def _run(self, item: _AsyncItem) -> bool:
-        task_id, index, wire, attempt = item
+        task_id, index, wire, attempt, _scope = item
         failure: Failure | None = None
         try:
             await self._handler(Record(*wire, attempt=attempt))
