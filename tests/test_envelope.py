@@ -11,7 +11,14 @@ import pytest
 from hypothesis import given
 
 from eventspool.clock import ManualClock
-from eventspool.envelope import Event, EventIdGenerator, decode, encode, normalize_headers
+from eventspool.envelope import (
+    Event,
+    EventIdGenerator,
+    caller_event_id,
+    decode,
+    encode,
+    normalize_headers,
+)
 from eventspool.errors import InvalidEventError
 from eventspool.spool.api import Spool
 
@@ -100,7 +107,7 @@ def test_headers_accept_mapping_and_pairs_and_reject_bad_shapes() -> None:
 
 
 def test_a_header_named_event_id_is_refused_not_doubled(tmp_path: Path) -> None:
-    with pytest.raises(InvalidEventError, match="'event_id' is eventspool's own"):
+    with pytest.raises(InvalidEventError, match=r"eventspool's own.*send\(\.\.\., event_id="):
         normalize_headers({"trace": "t", "event_id": "mine"})
     with Spool(tmp_path) as spool:
         spool.set_partition_count("orders", 1)
@@ -108,3 +115,32 @@ def test_a_header_named_event_id_is_refused_not_doubled(tmp_path: Path) -> None:
             spool.send("orders", b"x", headers=[("event_id", b"mine")])
         assert spool.unacknowledged() == 0
         assert spool.send("orders", b"x", headers={"Event_Id": b"other case is a header"})
+
+
+@given(st.uuids())
+def test_every_uuid_is_a_valid_caller_event_id_in_either_spelling(chosen: uuid.UUID) -> None:
+    if chosen.int == 0:
+        return
+    text = str(chosen)
+    assert caller_event_id(chosen) == caller_event_id(text) == caller_event_id(text.upper())
+    assert caller_event_id(text) == text
+
+
+@given(st.text(max_size=40))
+def test_a_caller_event_id_is_accepted_only_in_the_canonical_uuid_form(text: str) -> None:
+    try:
+        checked = caller_event_id(text)
+    except InvalidEventError as exc:
+        assert "not a UUID" in str(exc)
+        return
+    assert str(uuid.UUID(checked)) == checked == text.lower()
+    assert checked != "00000000-0000-0000-0000-000000000000"
+
+
+def test_caller_event_id_refusals_name_the_rule() -> None:
+    with pytest.raises(InvalidEventError, match=r"must be a str or uuid\.UUID, got int"):
+        caller_event_id(17)
+    with pytest.raises(InvalidEventError, match="not the nil UUID"):
+        caller_event_id(uuid.UUID(int=0))
+    with pytest.raises(InvalidEventError, match="8-4-4-4-12"):
+        caller_event_id(uuid.uuid4().hex)

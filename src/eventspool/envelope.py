@@ -22,7 +22,9 @@ header and is what consumers deduplicate on.
 
 from __future__ import annotations
 
+import re
 import struct
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +36,8 @@ EVENT_ID_HEADER = "event_id"
 FIXED_SIZE = struct.calcsize("<BB36sqii")
 _MAX_HEADER_COUNT = 0xFFFF
 _MAX_HEADER_NAME = 0xFFFF
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_NIL_UUID = "00000000-0000-0000-0000-000000000000"
 
 HeaderList = list[tuple[str, bytes | None]]
 HeadersInput = Mapping[str, bytes | str | None] | Sequence[tuple[str, bytes | str | None]]
@@ -75,7 +79,8 @@ def normalize_headers(headers: HeadersInput | None) -> HeaderList | None:
         if name == EVENT_ID_HEADER:
             raise InvalidEventError(
                 f"header {EVENT_ID_HEADER!r} is eventspool's own: every event gets one with "
-                "the id send() returns, and Kafka would carry both"
+                "the id send() returns, and Kafka would carry both; to choose the id, "
+                "pass send(..., event_id=...)"
             )
         try:
             encoded_name = name.encode()
@@ -95,6 +100,30 @@ def normalize_headers(headers: HeadersInput | None) -> HeaderList | None:
             )
         result.append((name, value))
     return result or None
+
+
+def caller_event_id(event_id: object) -> str:
+    """A caller's own event id, checked: a UUID in its canonical 36-character text form.
+
+    Reusing the id of an event that may have been spooled already (a retry after a crash)
+    lets consumers, `eventspool.verify` and the Spark archive drop the copy. Upper-case
+    hex digits are lowered, so both spellings of one UUID deduplicate. The nil UUID is
+    refused: it is what an unset id field usually holds.
+    """
+    if isinstance(event_id, uuid.UUID):
+        text = str(event_id)
+    elif isinstance(event_id, str):
+        text = event_id.lower()
+    else:
+        raise InvalidEventError(
+            f"event_id must be a str or uuid.UUID, got {type(event_id).__name__}"
+        )
+    if not _CANONICAL_UUID.fullmatch(text) or text == _NIL_UUID:
+        raise InvalidEventError(
+            f"event_id {event_id!r} is not a UUID in its 36-character text form "
+            "(8-4-4-4-12 hex digits, e.g. str(uuid.uuid4()); not the nil UUID)"
+        )
+    return text
 
 
 def encode(

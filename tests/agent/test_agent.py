@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,42 @@ def test_bad_events_get_their_own_status_and_others_pass(agent_factory: AgentFac
         with pytest.raises(EventTooLargeError, match="over the maximum"):
             client.send("fine", b"x" * 200_000)
         assert len(client.send("fine", b"still works")) == 36
+
+
+def test_the_callers_event_id_reaches_kafka_and_a_bad_one_fails_alone(
+    agent_factory: AgentFactory, broker: LocalBroker, topic_factory: Callable[[int], str]
+) -> None:
+    """A retry with the same id is a second record under that id, which verify counts as a
+    duplicate; a malformed id sent past the client's checks is refused event by event."""
+    topic = topic_factory(1)
+    chosen = str(uuid.uuid4())
+    agent = agent_factory()
+    agent.start()
+    with Client(agent.socket_path) as client:
+        assert client.send(topic, b"first try", b"k", event_id=chosen) == chosen
+        assert client.send_many(topic, [(b"retry", b"k", None, chosen.upper())]) == [chosen]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+        raw.connect(str(agent.socket_path))
+        raw.settimeout(10)
+        events = [
+            WireEvent(b"bad id", event_id="z" * 36),
+            WireEvent(b"own header", headers=[("event_id", chosen.encode())]),
+            WireEvent(b"fine", event_id=str(uuid.uuid4())),
+        ]
+        raw.sendall(encode_send(5, topic, events))
+        decoder = FrameDecoder()
+        frames: list[Frame] = []
+        while not frames:
+            frames = decoder.feed(raw.recv(65536))
+    bad_id, own_header, fine = decode_send_result(frames[0].body)
+    assert (bad_id.status, own_header.status) == (Status.MALFORMED, Status.MALFORMED)
+    assert "not a UUID" in bad_id.text
+    assert "event_id=" in own_header.text
+    assert fine.ok
+    assert fine.text == events[2].event_id
+    seen = consume_event_ids(broker.bootstrap_servers, [topic], [chosen, fine.text], to_end=True)
+    assert seen == {chosen: 2, fine.text: 1}
+    assert ledger([chosen, fine.text], seen).duplicated == 1
 
 
 def test_a_malformed_frame_closes_only_that_connection(agent_factory: AgentFactory) -> None:
@@ -237,6 +274,15 @@ def test_http_rejects_bad_bodies_with_clear_errors(agent_factory: AgentFactory) 
     code, answer = post('{"events": [{"value": "a", "key": "k"}, {"value": null, "key": "k"}]}')
     assert code == 200
     assert [r["status"] for r in answer["results"]] == ["ok", "ok"]
+    chosen = str(uuid.uuid4())
+    code, answer = post(json.dumps({"value": "retried", "event_id": chosen}))
+    assert (code, answer["results"][0]["event_id"]) == (200, chosen)
+    code, answer = post('{"value": "x", "event_id": "order-17"}')
+    assert code == 400
+    assert "not a UUID" in str(answer)
+    code, answer = post('{"value": "x", "event_id": 17}')
+    assert code == 400
+    assert "event_id must be a string" in str(answer["error"])
 
 
 def test_status_shows_each_queue_and_the_broker(agent_factory: AgentFactory) -> None:

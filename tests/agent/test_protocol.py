@@ -55,6 +55,7 @@ wire_events = st.builds(
     value=optional_bytes,
     key=optional_bytes,
     headers=st.one_of(st.none(), header_lists),
+    event_id=st.one_of(st.none(), st.uuids().map(str)),
 )
 event_lists = st.lists(wire_events, max_size=6)
 routed_event_lists = st.lists(st.builds(RoutedEvent, st.text(max_size=20), wire_events), max_size=6)
@@ -107,6 +108,20 @@ GOLDEN_PUBLISH_EVENTS = [
 ]
 
 EVENT_ID = "0191e2c4-7a10-7000-8a3b-5c2d1e0f4a6b"
+_EVENT_ID_HEX = EVENT_ID.encode().hex()
+
+# SEND, request id 3, topic "t", one event: value b"v" and the caller's own event id.
+GOLDEN_SEND_WITH_ID = bytes.fromhex(
+    "00000036"  # length: 1 type + 4 request id + 49 body = 54
+    "01"  # type SEND
+    "00000003"  # request id 3
+    "0001" + "74"  # topic length 1, "t"
+    "00000001"  # 1 event
+    "0a"  # flags: value | event_id
+    "00000001"
+    + "76"  # value length 1, "v"
+    + _EVENT_ID_HEX  # the 36 ASCII characters of the id, without a length
+)
 
 # SEND_RESULT, request id 7: OK with an event id, then SPOOL_FULL with its message.
 GOLDEN_SEND_RESULT = bytes.fromhex(
@@ -138,6 +153,14 @@ def test_send_frame_golden_bytes() -> None:
     frames = FrameDecoder().feed(GOLDEN_SEND)
     assert frames == [Frame(FrameType.SEND, 7, GOLDEN_SEND[HEADER_SIZE:])]
     assert decode_send(frames[0].body) == SendRequest("orders", GOLDEN_SEND_EVENTS)
+
+
+def test_send_frame_with_the_callers_event_id_golden_bytes() -> None:
+    events = [WireEvent(b"v", event_id=EVENT_ID)]
+    assert encode_send(3, "t", events) == GOLDEN_SEND_WITH_ID
+    assert decode_send(GOLDEN_SEND_WITH_ID[HEADER_SIZE:]) == SendRequest("t", events)
+    with pytest.raises(ProtocolError, match="not 36 characters"):
+        encode_send(3, "t", [WireEvent(b"v", event_id="short")])
 
 
 def test_publish_frame_golden_bytes() -> None:
@@ -364,7 +387,8 @@ _GOLDEN_SEND_BODY = GOLDEN_SEND[HEADER_SIZE:]
         (b"\x00\x01t", "event count"),
         (b"\x00\x02\xff\xfe\x00\x00\x00\x00", "UTF-8"),
         (b"\x00\x01t\xff\xff\xff\xff", "at most 10000"),
-        (b"\x00\x01t\x00\x00\x00\x01\x08", "flag"),
+        (b"\x00\x01t\x00\x00\x00\x01\x10", "flag"),
+        (b"\x00\x01t\x00\x00\x00\x01\x08" + b"0" * 35, "inside event 0's event_id"),
         (b"\x00\x01t\x00\x00\x00\x01\x80", "flag"),
         (b"\x00\x01t\x00\x00\x00\x01\x02\x00\x00\x00\x05abc", "overruns"),
         (b"\x00\x01t\x00\x00\x00\x01\x01\x00\x00", "key length"),
@@ -391,7 +415,7 @@ _TWO_EVENTS_ONE_KEYED = b"\x00\x01x\x00\x00\x00\x02" + b"\x00\x00\x01\x00\x00\x0
     [
         (b"", "PUBLISH: exchange"),
         (b"\x00\x01x\x00\x00\x00\x01\x00", "announced"),
-        (b"\x00\x01x\x00\x00\x00\x01\x00\x00\x08", "PUBLISH: event 0 has unknown flag"),
+        (b"\x00\x01x\x00\x00\x00\x01\x00\x00\x10", "PUBLISH: event 0 has unknown flag"),
         (b"\x00\x01x\x00\x00\x00\x01\x00\x05abc", "routing key: 5 bytes"),
         (b"\x00\x01x\x00\x00\x00\x01\x00\x01\xff\x02", "routing key is not valid UTF-8"),
         (_TWO_EVENTS_ONE_KEYED, "before event 1 of 2"),

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -515,16 +516,20 @@ def test_send_many_answers_each_event_in_order(
     topic = topic_factory(2)
     agent = started(agent_factory)
 
+    chosen = str(uuid.uuid4())
+
     async def main() -> list[object]:
         async with AsyncClient(agent.socket_path) as client:
-            return list(
-                await client.send_many(
+            return [
+                *await client.send_many(
                     topic, [b"plain", (b"keyed", "user-1"), (b"x" * 200_000, None), None]
-                )
-            )
+                ),
+                await client.send(topic, b"with its own id", event_id=chosen),
+            ]
 
     outcomes = run(main())
     assert isinstance(outcomes[2], EventTooLargeError)
+    assert outcomes[-1] == chosen
     ids = [outcome for outcome in outcomes if isinstance(outcome, str)]
-    assert len(ids) == 3
+    assert len(ids) == 4
     assert_reached_kafka(broker, [topic], ids)

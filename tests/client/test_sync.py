@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from pathlib import Path
@@ -70,6 +71,17 @@ def test_publish_arguments_are_checked_before_any_connection(
         client.send(**call)
 
 
+@pytest.mark.parametrize("event_id", ["order-17", b"0" * 36, uuid.UUID(int=0), 17])
+def test_a_bad_event_id_raises_before_any_connection(tmp_path: Path, event_id: Any) -> None:
+    with Client(tmp_path / "nobody.sock", timeout=0.2) as client:
+        with pytest.raises(InvalidEventError, match="event_id"):
+            client.send("t", b"x", event_id=event_id)
+        with pytest.raises(InvalidEventError, match="event_id"):
+            client.send_async(None, b"x", exchange="x", event_id=event_id)
+        with pytest.raises(InvalidEventError, match="event_id"):
+            client.send_many("t", [(b"x", None, None, event_id)])
+
+
 def test_a_bad_argument_in_one_thread_never_strands_the_others(tmp_path: Path) -> None:
     """With no agent, every thread's send ends (with an error), none spins forever."""
     client = Client(tmp_path / "nobody.sock", timeout=0.3)
@@ -103,14 +115,17 @@ def test_send_many_answers_each_event_in_order(
     agent.start()
     events: list[BatchEvent] = [b"plain", (b"keyed", "user-1"), (b"x" * 200_000, None)]
     events += [(b"with a header", b"k", [("trace", b"t-1")]), None]
+    chosen = str(uuid.uuid4())
+    events.append((b"with its own id", None, None, chosen))
     with Client(agent.socket_path) as client:
         outcomes = client.send_many(topic, events)
         assert client.send_many(topic, []) == []
-        with pytest.raises(InvalidEventError, match="tuple of 4"):
-            client.send_many(topic, [(b"v", None, None, None)])  # type: ignore[list-item]
+        with pytest.raises(InvalidEventError, match="tuple of 5"):
+            client.send_many(topic, [(b"v", None, None, None, None)])  # type: ignore[list-item]
     assert isinstance(outcomes[2], EventTooLargeError)
+    assert outcomes[-1] == chosen
     ids = [outcome for outcome in outcomes if isinstance(outcome, str)]
-    assert len(ids) == 4
+    assert len(ids) == 5
     seen = consume_event_ids(broker.bootstrap_servers, [topic], ids, timeout=60)
     assert ledger(ids, seen).lost == 0
 

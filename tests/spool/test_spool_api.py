@@ -187,6 +187,22 @@ def test_stored_envelope_decodes_to_exactly_what_was_sent(
     assert record.timestamp_ms == clock.now_ms()
 
 
+def test_a_caller_chosen_event_id_is_stored_and_returned(tmp_path: Path) -> None:
+    """The caller's id replaces eventspool's, with or without headers, and a retry with the
+    same id is stored again under it: deduplication is the consumers' job."""
+    chosen = uuid.uuid4()
+    with Spool(tmp_path, settings=SMALL) as spool:
+        spool.set_partition_count("retried", 1)
+        first = spool.send("retried", b"v", b"k", event_id=chosen)
+        again = spool.send("retried", b"v", b"k", {"h": "x"}, event_id=str(chosen).upper())
+        fresh = spool.send("retried", b"v", b"k")
+        events = stored(spool, "retried")[0]
+    assert first == again == str(chosen)
+    assert [event.event_id for event in events] == [str(chosen), str(chosen), fresh]
+    assert events[1].headers == [("h", b"x")]
+    assert fresh != first
+
+
 def test_tombstone_is_distinct_from_an_empty_value(tmp_path: Path) -> None:
     """`value=None` deletes a key in a compacted topic; `b""` is a real, empty value."""
     with Spool(tmp_path, settings=SMALL) as spool:
@@ -227,6 +243,10 @@ BAD_INPUT: list[tuple[str, dict[str, Any], str]] = [
     ("header name int", {"headers": [(5, b"v")]}, "header name 5"),
     ("headers str", {"headers": "h=v"}, "mapping or a list of (name, value) pairs"),
     ("too large", {"value": b"x" * 4096}, "max_event_bytes"),
+    ("event_id not a UUID", {"event_id": "order-17"}, "not a UUID"),
+    ("event_id bytes", {"event_id": b"0191e2c4-7a10-7000-8a3b-5c2d1e0f4a6b"}, "got bytes"),
+    ("event_id nil", {"event_id": "00000000-0000-0000-0000-000000000000"}, "nil UUID"),
+    ("event_id braces", {"event_id": "{0191e2c4-7a10-7000-8a3b-5c2d1e0f4a6b}"}, "36-character"),
 ]
 
 # Bad input that src/ lets through as some other exception: documented as bugs.
@@ -246,10 +266,22 @@ def _send_bad(tmp_path: Path, overrides: dict[str, Any]) -> InvalidEventError:
         spool.set_partition_count("good", 1)
         good = [spool.send("good", b"value-%d" % i, b"k") for i in range(3)]
         topics_before = sorted(p.name for p in (tmp_path / "topics").iterdir())
-        call: dict[str, Any] = {"topic": "good", "value": b"fine", "key": None, "headers": None}
+        call: dict[str, Any] = {
+            "topic": "good",
+            "value": b"fine",
+            "key": None,
+            "headers": None,
+            "event_id": None,
+        }
         call.update(overrides)
         with pytest.raises(InvalidEventError) as caught:
-            spool.send(call["topic"], call["value"], call["key"], call["headers"])
+            spool.send(
+                call["topic"],
+                call["value"],
+                call["key"],
+                call["headers"],
+                event_id=call["event_id"],
+            )
         ring = ring_of(spool, "good")
         assert ring.depth == 3
         assert [(e.event_id, e.value) for e in stored(spool, "good")[0]] == [

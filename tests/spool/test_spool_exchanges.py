@@ -83,6 +83,20 @@ def test_fanout_writes_the_same_event_to_every_topic(tmp_path: Path) -> None:
         assert spool.exchange("fan").counts == ExchangeCounts(routed=1)
 
 
+def test_a_fanout_with_the_callers_event_id_carries_it_to_every_topic(tmp_path: Path) -> None:
+    chosen = "0191e2c4-7a10-7000-8a3b-5c2d1e0f4a6b"
+    with Spool(tmp_path, settings=settings(), exchanges=[FANOUT]) as spool:
+        for topic in "abc":
+            spool.set_partition_count(topic, 3)
+        for _ in range(2):  # a retry after a crash reuses the id
+            assert spool.send(None, b"v", exchange="fan", event_id=chosen) == chosen
+        for topic in "abc":
+            assert [event.event_id for event in stored(spool, topic)] == [chosen, chosen]
+        with pytest.raises(InvalidEventError, match="not a UUID"):
+            spool.send(None, b"v", exchange="fan", event_id="retry-1")
+        assert spool.exchange("fan").counts == ExchangeCounts(routed=2)
+
+
 def test_the_tutorial_routes_to_the_right_topics_once(tmp_path: Path) -> None:
     expected = {
         "quick.orange.rabbit": {"q1", "q2"},

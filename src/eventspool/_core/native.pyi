@@ -3,6 +3,7 @@
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
+from uuid import UUID
 
 from typing_extensions import Buffer
 
@@ -123,6 +124,7 @@ class SpoolFront:
         | None = None,
         exchange: str | None = None,
         routing_key: str = "",
+        event_id: str | UUID | None = None,
     ) -> str: ...
     def _send_python(
         self,
@@ -132,6 +134,7 @@ class SpoolFront:
         headers: Mapping[str, bytes | str | None] | Sequence[tuple[str, bytes | str | None]] | None,
         exchange: str | None,
         routing_key: str,
+        event_id: str | UUID | None,
     ) -> str: ...
 
 MAX_EVENTS_PER_SEND_COMPILED: int

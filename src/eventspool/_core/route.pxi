@@ -183,16 +183,17 @@ cdef class SpoolFront:
     def __cinit__(self, *args, **kwargs):
         self._routes = {}
 
-    def send(self, topic, value, key=None, headers=None, exchange=None, routing_key=""):
+    def send(self, topic, value, key=None, headers=None, exchange=None, routing_key="", event_id=None):
         """Spool one event and return its event_id once it is durable.
 
         `value=None` is a tombstone (delete marker for compacted topics), distinct from
-        `b""`. Raises InvalidEventError for a bad topic, value, key or header, or an event
-        over `max_event_bytes`; SpoolFullError when the queue is full under `reject`
-        (or `block` timed out). With `exchange` (and `topic=None`) the event is routed
-        by `routing_key` instead.
+        `b""`. Raises InvalidEventError for a bad topic, value, key, header or event_id,
+        or an event over `max_event_bytes`; SpoolFullError when the queue is full under
+        `reject` (or `block` timed out). With `exchange` (and `topic=None`) the event is
+        routed by `routing_key` instead. `event_id` (a UUID) replaces the id eventspool
+        would give the event: a retry that reuses it is recognised downstream as a copy.
         """
-        if exchange is None and headers is None and type(topic) is str:
+        if exchange is None and headers is None and event_id is None and type(topic) is str:
             route = self._routes.get(topic)
             if (
                 route is not None
@@ -202,4 +203,4 @@ cdef class SpoolFront:
                 event_id = (<TopicRoute>route)._send(key, value)
                 if event_id is not None:
                     return event_id
-        return self._send_python(topic, value, key, headers, exchange, routing_key)
+        return self._send_python(topic, value, key, headers, exchange, routing_key, event_id)

@@ -2,7 +2,8 @@
 
 So any language with an HTTP client (or `curl --unix-socket`) can send events:
 
-    POST /v1/topics/{topic}   {"value": "...", "key": "...", "headers": {"h": "v"}}
+    POST /v1/topics/{topic}   {"value": "...", "key": "...", "headers": {"h": "v"},
+                               "event_id": "<the caller's own UUID, optional>"}
                               or {"events": [ ...those objects... ]}
                               `value_b64` / `key_b64` carry bytes that are not UTF-8 text;
                               "value": null is a tombstone
@@ -66,7 +67,7 @@ _HTTP_STATUS = {
     Status.OVER_BUDGET: 507,
     Status.FORBIDDEN: 403,
 }
-_EVENT_FIELDS = frozenset({"value", "value_b64", "key", "key_b64", "headers"})
+_EVENT_FIELDS = frozenset({"value", "value_b64", "key", "key_b64", "headers", "event_id"})
 _ROUTED_EVENT_FIELDS = _EVENT_FIELDS | {"routing_key"}
 
 
@@ -249,16 +250,22 @@ def _parse_event(item: Any, index: int, *, routed: bool = False) -> WireEvent:
         raise BadRequestError(f"event {index} has unknown fields: {', '.join(sorted(unknown))}")
     value = _bytes_field(item, "value", index)
     key = _bytes_field(item, "key", index)
+    event_id = item.get("event_id")
+    if event_id is not None and not isinstance(event_id, str):
+        raise BadRequestError(f"event {index}: event_id must be a string (a UUID)")
     headers = item.get("headers")
-    if headers is not None:
-        if not isinstance(headers, dict) or not all(
-            isinstance(v, str | None) for v in headers.values()
-        ):
-            raise BadRequestError(f"event {index}: headers must be an object of strings")
-        return WireEvent(
-            value, key, [(k, None if v is None else _utf8(v, index)) for k, v in headers.items()]
-        )
-    return WireEvent(value, key)
+    if headers is None:
+        return WireEvent(value, key, None, event_id)
+    if not isinstance(headers, dict) or not all(
+        isinstance(v, str | None) for v in headers.values()
+    ):
+        raise BadRequestError(f"event {index}: headers must be an object of strings")
+    return WireEvent(
+        value,
+        key,
+        [(k, None if v is None else _utf8(v, index)) for k, v in headers.items()],
+        event_id,
+    )
 
 
 def _bytes_field(item: dict[str, Any], name: str, index: int) -> bytes | None:

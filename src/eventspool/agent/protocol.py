@@ -17,12 +17,14 @@ SEND body (type 1)::
     4     event count
     ...   the events, each:
           1  flags: bit 0 = key present, bit 1 = value present (absent: a null value,
-             a tombstone), bit 2 = headers present; the other bits must be 0
+             a tombstone), bit 2 = headers present, bit 3 = the caller's own event_id
+             follows; the other bits must be 0
           if bit 0: 4 key length, key bytes
           if bit 1: 4 value length, value bytes
           if bit 2: 2 header count, and per header
                     2 name length, name (UTF-8),
                     4 value length (signed, -1: null), value bytes
+          if bit 3: 36 event_id, a UUID's canonical text (ASCII)
 
 PUBLISH body (type 4): a batch of events for one exchange, each with its routing key::
 
@@ -32,7 +34,7 @@ PUBLISH body (type 4): a batch of events for one exchange, each with its routing
     4     event count
     ...   the events, each:
           2  routing key length, routing key (UTF-8)
-          then the event exactly as in SEND: flags, key, value, headers
+          then the event exactly as in SEND: flags, key, value, headers, event_id
 
 SEND_RESULT body (type 0x81), one result per event of the SEND or PUBLISH, in order::
 
@@ -88,7 +90,9 @@ _MAX_TEXT = _MAX_U16
 _FLAG_KEY = 0x01
 _FLAG_VALUE = 0x02
 _FLAG_HEADERS = 0x04
-_KNOWN_FLAGS = _FLAG_KEY | _FLAG_VALUE | _FLAG_HEADERS
+_FLAG_EVENT_ID = 0x08
+_KNOWN_FLAGS = _FLAG_KEY | _FLAG_VALUE | _FLAG_HEADERS | _FLAG_EVENT_ID
+EVENT_ID_SIZE = 36
 _MIN_EVENT = 1
 _MIN_ROUTED_EVENT = _U16.size + _MIN_EVENT
 _MIN_HEADER = _U16.size + _I32.size
@@ -151,11 +155,13 @@ class Frame:
 
 @dataclass(frozen=True, slots=True)
 class WireEvent:
-    """One event as a client sends it; the agent gives it its id and create time."""
+    """One event as a client sends it; the agent gives it its create time, and its id
+    unless the caller chose one (`event_id`, checked when the event is spooled)."""
 
     value: bytes | None
     key: bytes | None = None
     headers: HeaderList | None = None
+    event_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,11 +332,12 @@ def _encode_batch(
             raw_routing_key = _encode_name(routing_keys[index], f"event {index}: routing key")
             parts.append(_U16.pack(len(raw_routing_key)))
             parts.append(raw_routing_key)
-        key, value, headers = event.key, event.value, event.headers
+        key, value, headers, event_id = event.key, event.value, event.headers, event.event_id
         flags = (
             (0 if key is None else _FLAG_KEY)
             | (0 if value is None else _FLAG_VALUE)
             | (0 if headers is None else _FLAG_HEADERS)
+            | (0 if event_id is None else _FLAG_EVENT_ID)
         )
         parts.append(bytes((flags,)))
         if key is not None:
@@ -359,6 +366,8 @@ def _encode_batch(
                         )
                     parts.append(_I32.pack(len(header_value)))
                     parts.append(header_value)
+        if event_id is not None:
+            parts.append(_encode_event_id(event_id, index))
     body_length = sum(len(part) for part in parts)
     parts[0] = _frame_header(frame_type, request_id, body_length)
     return b"".join(parts)
@@ -371,6 +380,16 @@ def _encode_name(text: str, what: str) -> bytes:
         raise ProtocolError(f"{what} {text!r} is not encodable as UTF-8: {exc.reason}") from None
     if len(raw) > _MAX_U16:
         raise ProtocolError(f"{what} of {len(raw)} bytes; at most {_MAX_U16} are allowed")
+    return raw
+
+
+def _encode_event_id(event_id: str, index: int) -> bytes:
+    raw = event_id.encode("ascii", "replace")
+    if len(raw) != EVENT_ID_SIZE:
+        raise ProtocolError(
+            f"event {index}: event_id {event_id!r} is not {EVENT_ID_SIZE} characters: "
+            "a UUID in its canonical text form is"
+        )
     return raw
 
 
@@ -436,7 +455,13 @@ def _decode_batch(
             value, pos = _read_u32_bytes(body, pos, index, "value", request)
         if flags & _FLAG_HEADERS:
             headers, pos = _read_headers(body, pos, index, request)
-        events.append(WireEvent(value, key, headers))
+        event_id: str | None = None
+        if flags & _FLAG_EVENT_ID:
+            if size - pos < EVENT_ID_SIZE:
+                raise ProtocolError(f"{request}: body ends inside event {index}'s event_id")
+            event_id = body[pos : pos + EVENT_ID_SIZE].decode("latin-1")
+            pos += EVENT_ID_SIZE
+        events.append(WireEvent(value, key, headers, event_id))
     if pos != size:
         raise ProtocolError(f"{request}: {size - pos} trailing bytes after {count} events")
     return target, events, routing_keys

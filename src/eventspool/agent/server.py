@@ -399,7 +399,9 @@ class AgentServer:
             topic = request.topic
             for event in request.events:
                 try:
-                    event_id = send(topic, event.value, event.key, event.headers)
+                    event_id = send(
+                        topic, event.value, event.key, event.headers, event_id=event.event_id
+                    )
                 except Exception as exc:
                     results.append(_failure(exc, f"topic {topic!r}"))
                 else:
@@ -416,6 +418,7 @@ class AgentServer:
                     event.headers,
                     exchange=exchange,
                     routing_key=routed.routing_key,
+                    event_id=event.event_id,
                 )
             except Exception as exc:
                 results.append(_failure(exc, f"exchange {exchange!r}"))

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -178,20 +179,22 @@ class AsyncClient:
         *,
         exchange: str | None = None,
         routing_key: str = "",
+        event_id: str | uuid.UUID | None = None,
     ) -> str:
         """Hand one event to the agent; returns its event_id once the agent spooled it.
 
         Raises what `Spool.send()` raises for the event itself, AgentError when the agent
         cannot be reached within `timeout` (the event may or may not have been spooled
-        if the connection broke after it was written). With `exchange` (and
-        `topic=None`) the agent routes the event by `routing_key`, as `Spool.send()` does.
+        if the connection broke after it was written: send it again with the same
+        `event_id` and consumers drop the copy). With `exchange` (and `topic=None`) the
+        agent routes the event by `routing_key`, as `Spool.send()` does.
         """
         if exchange is None:
-            event = wire_event(topic, value, key, headers)
+            event = wire_event(topic, value, key, headers, event_id)
             send = _Send(topic, event, wire_size(event), self._running_loop().create_future())
         else:
             event = routed_wire_event(
-                topic, value, key, headers, exchange=exchange, routing_key=routing_key
+                topic, value, key, headers, event_id, exchange=exchange, routing_key=routing_key
             )
             send = _Send(
                 None,
@@ -206,16 +209,17 @@ class AsyncClient:
     async def send_many(self, topic: str, events: Iterable[BatchEvent]) -> list[Outcome]:
         """Hand a batch of events for one topic to the agent, as `Client.send_many()` does.
 
-        Each event is a value, or a (value, key) or (value, key, headers) tuple. Returns
-        each event's outcome in order: its event_id, or the error that refused it. Raises
-        AgentError when the agent cannot be reached; InvalidEventError, before anything
-        is queued, for an argument the wire cannot carry.
+        Each event is a value, or a (value, key), (value, key, headers) or (value, key,
+        headers, event_id) tuple. Returns each event's outcome in order: its event_id, or
+        the error that refused it. Raises AgentError when the agent cannot be reached;
+        InvalidEventError, before anything is queued, for an argument the wire cannot
+        carry.
         """
         loop = self._running_loop()
         sends = []
         for item in events:
-            value, key, headers = split_batch_event(item)
-            event = wire_event(topic, value, key, headers)
+            value, key, headers, event_id = split_batch_event(item)
+            event = wire_event(topic, value, key, headers, event_id)
             sends.append(_Send(topic, event, wire_size(event), loop.create_future()))
         if not sends:
             return []

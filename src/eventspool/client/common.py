@@ -6,42 +6,51 @@ written for other callers.
 
 from __future__ import annotations
 
-from eventspool.agent.protocol import WireEvent
+import uuid
+
+from eventspool.agent.protocol import EVENT_ID_SIZE, WireEvent
 from eventspool.config import validate_topic
-from eventspool.envelope import HeadersInput, normalize_headers
+from eventspool.envelope import HeadersInput, caller_event_id, normalize_headers
 from eventspool.errors import EventspoolError, InvalidEventError
 from eventspool.routing.exchanges import validate_routing_key
 
-#: What `send_many()` takes per event: a value, or (value, key) or (value, key, headers).
+#: What `send_many()` takes per event: a value, or (value, key), (value, key, headers) or
+#: (value, key, headers, event_id).
 BatchEvent = (
     bytes
     | None
     | tuple[bytes | None, bytes | str | None]
     | tuple[bytes | None, bytes | str | None, HeadersInput | None]
+    | tuple[bytes | None, bytes | str | None, HeadersInput | None, str | uuid.UUID | None]
 )
+BatchFields = tuple[bytes | None, bytes | str | None, HeadersInput | None, str | uuid.UUID | None]
 
 #: One event's fate in `send_many()`: its event_id, or the error that refused it.
 Outcome = str | EventspoolError
 
 
-def split_batch_event(
-    item: BatchEvent,
-) -> tuple[bytes | None, bytes | str | None, HeadersInput | None]:
-    """(value, key, headers) of one `send_many()` event."""
+def split_batch_event(item: BatchEvent) -> BatchFields:
+    """(value, key, headers, event_id) of one `send_many()` event."""
     if isinstance(item, tuple):
         if len(item) == 2:
-            return item[0], item[1], None
+            return item[0], item[1], None, None
         if len(item) == 3:
+            return item[0], item[1], item[2], None
+        if len(item) == 4:
             return item
         raise InvalidEventError(
-            f"a send_many() event is a value or a (value, key[, headers]) tuple, "
+            f"a send_many() event is a value or a (value, key[, headers[, event_id]]) tuple, "
             f"got a tuple of {len(item)}"
         )
-    return item, None, None
+    return item, None, None, None
 
 
 def wire_event(
-    topic: str | None, value: bytes | None, key: bytes | str | None, headers: HeadersInput | None
+    topic: str | None,
+    value: bytes | None,
+    key: bytes | str | None,
+    headers: HeadersInput | None,
+    event_id: str | uuid.UUID | None = None,
 ) -> WireEvent:
     """Check the arguments as `Client.send()` does, so both clients raise the same errors.
 
@@ -50,7 +59,7 @@ def wire_event(
     written for other callers. The agent applies the same topic rule, so the error and its
     message are the ones the agent would have sent back.
     """
-    event = _event(value, key, headers, "topic", topic)
+    event = _event(value, key, headers, event_id, "topic", topic)
     if type(topic) is not str or topic not in _VALID_TOPICS:
         checked = validate_topic(topic)
         if len(_VALID_TOPICS) < _VALID_TOPICS_MAX:
@@ -68,6 +77,7 @@ def routed_wire_event(
     value: bytes | None,
     key: bytes | str | None,
     headers: HeadersInput | None,
+    event_id: str | uuid.UUID | None = None,
     *,
     exchange: object,
     routing_key: object,
@@ -84,13 +94,14 @@ def routed_wire_event(
     if not isinstance(exchange, str):
         raise InvalidEventError(f"exchange must be a str, got {type(exchange).__name__}")
     validate_routing_key(routing_key)
-    return _event(value, key, headers, "exchange", exchange)
+    return _event(value, key, headers, event_id, "exchange", exchange)
 
 
-def _event(
+def _event(  # noqa: PLR0917  # send()'s own parameters, in its order
     value: bytes | None,
     key: bytes | str | None,
     headers: HeadersInput | None,
+    event_id: str | uuid.UUID | None,
     kind: str,
     name: object,
 ) -> WireEvent:
@@ -111,7 +122,12 @@ def _event(
         raise InvalidEventError(
             f"key for {kind} {name!r} must be bytes, str or None, got {type(key).__name__}"
         )
-    return WireEvent(value, raw_key, normalize_headers(headers))
+    return WireEvent(
+        value,
+        raw_key,
+        normalize_headers(headers),
+        None if event_id is None else caller_event_id(event_id),
+    )
 
 
 def wire_size(event: WireEvent, routing_key: str | None = None) -> int:
@@ -128,4 +144,6 @@ def wire_size(event: WireEvent, routing_key: str | None = None) -> int:
         size += 2
         for name, value in event.headers:
             size += 2 + len(name.encode()) + 4 + (0 if value is None else len(value))
+    if event.event_id is not None:
+        size += EVENT_ID_SIZE
     return size

@@ -36,6 +36,7 @@ import select
 import socket
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
@@ -298,17 +299,26 @@ class Client:
         *,
         exchange: str | None = None,
         routing_key: str = "",
+        event_id: str | uuid.UUID | None = None,
     ) -> str:
         """Hand one event to the agent; returns its event_id once the agent spooled it.
 
         Raises what `Spool.send()` raises for the event itself, AgentError when the agent
         cannot be reached within `timeout` (the event may or may not have been spooled
-        if the connection broke after it was written). With `exchange` (and
-        `topic=None`) the agent routes the event by `routing_key`, as `Spool.send()` does.
+        if the connection broke after it was written: send it again with the same
+        `event_id` and consumers drop the copy). With `exchange` (and `topic=None`) the
+        agent routes the event by `routing_key`, as `Spool.send()` does.
         """
         reply = _Reply(1)
         item = self._waiting(
-            topic, value, key, headers, exchange=exchange, routing_key=routing_key, reply=reply
+            topic,
+            value,
+            key,
+            headers,
+            event_id,
+            exchange=exchange,
+            routing_key=routing_key,
+            reply=reply,
         )
         self._submit([item])
         outcome = self._wait(reply)[0]
@@ -325,6 +335,7 @@ class Client:
         *,
         exchange: str | None = None,
         routing_key: str = "",
+        event_id: str | uuid.UUID | None = None,
     ) -> Future[str]:
         """Queue one event and return at once; the future gives its event_id or error.
 
@@ -338,7 +349,14 @@ class Client:
         outstanding = self._outstanding
         reply = _FutureReply(outstanding)
         item = self._waiting(
-            topic, value, key, headers, exchange=exchange, routing_key=routing_key, reply=reply
+            topic,
+            value,
+            key,
+            headers,
+            event_id,
+            exchange=exchange,
+            routing_key=routing_key,
+            reply=reply,
         )
         self._submit([item])
         if outstanding.add() > self.max_queued:
@@ -349,7 +367,8 @@ class Client:
     def send_many(self, topic: str, events: Iterable[BatchEvent]) -> list[Outcome]:
         """Hand a batch of events for one topic to the agent in one call.
 
-        Each event is a value, or a (value, key) or (value, key, headers) tuple. Returns
+        Each event is a value, or a (value, key), (value, key, headers) or (value, key,
+        headers, event_id) tuple. Returns
         each event's outcome in order: its event_id, or the error that refused it (so one
         bad event does not hide the fate of the others). Raises AgentError when the agent
         cannot be reached; InvalidEventError, before anything is sent, for an argument
@@ -359,9 +378,9 @@ class Client:
         batch = list(events)
         reply = _Reply(len(batch))
         for index, item in enumerate(batch):
-            value, key, headers = split_batch_event(item)
+            value, key, headers, event_id = split_batch_event(item)
             waiting = self._waiting(
-                topic, value, key, headers, exchange=None, routing_key="", reply=reply
+                topic, value, key, headers, event_id, exchange=None, routing_key="", reply=reply
             )
             waiting.index = index
             items.append(waiting)
@@ -418,6 +437,7 @@ class Client:
         value: bytes | None,
         key: bytes | str | None,
         headers: HeadersInput | None,
+        event_id: str | uuid.UUID | None,
         *,
         exchange: str | None,
         routing_key: str,
@@ -425,9 +445,9 @@ class Client:
     ) -> _Waiting:
         """Check the arguments, as `Spool.send()` does, before anything is queued."""
         if exchange is None:
-            return _Waiting(topic, wire_event(topic, value, key, headers), reply)
+            return _Waiting(topic, wire_event(topic, value, key, headers, event_id), reply)
         event = routed_wire_event(
-            topic, value, key, headers, exchange=exchange, routing_key=routing_key
+            topic, value, key, headers, event_id, exchange=exchange, routing_key=routing_key
         )
         return _Waiting(None, event, reply, 0, exchange, routing_key)
 

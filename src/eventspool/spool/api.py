@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
@@ -11,7 +12,13 @@ from types import TracebackType
 from eventspool._core.native import SpoolFront
 from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import SenderSettings, SpoolSettings, validate_topic
-from eventspool.envelope import EventIdGenerator, HeadersInput, encode, normalize_headers
+from eventspool.envelope import (
+    EventIdGenerator,
+    HeadersInput,
+    caller_event_id,
+    encode,
+    normalize_headers,
+)
 from eventspool.errors import EventTooLargeError, InvalidEventError, SpoolClosedError
 from eventspool.routing.exchanges import Exchange, routing_key_bytes, validate_routing_key
 from eventspool.routing.table import ExchangeCounts, ExchangeInfo, ExchangeTable
@@ -105,19 +112,21 @@ class Spool(SpoolFront):
         headers: HeadersInput | None,
         exchange: str | None,
         routing_key: str,
+        event_id: str | uuid.UUID | None,
     ) -> str:
         """`send()` for every event its compiled front does not write itself.
 
         With `exchange` (and `topic=None`) the event is routed by `routing_key` instead:
         see `_publish`.
         """
+        own_id = None if event_id is None else caller_event_id(event_id)
         if exchange is not None:
             if topic is not None:
                 raise InvalidEventError(
                     f"send() got topic {topic!r} and exchange {exchange!r}: give one of them "
                     "(topic=None to route through the exchange)"
                 )
-            return self._publish(exchange, routing_key, value, key, headers)
+            return self._publish(exchange, routing_key, value, key, headers, own_id)
         try:
             queues = self._topics[topic]
         except (KeyError, TypeError):
@@ -126,11 +135,11 @@ class Spool(SpoolFront):
             raise _bad_value(value, "topic", topic)
         if key is not None and type(key) is not bytes:
             key = _text_key(key, "topic", topic)
-        if headers is None:
-            event_id = queues.route.send(key, value)
-            if event_id is not None:
-                return event_id
-        return self._send_slow(queues, key, value, headers)
+        if headers is None and own_id is None:
+            spooled_id = queues.route.send(key, value)
+            if spooled_id is not None:
+                return spooled_id
+        return self._send_slow(queues, key, value, headers, own_id)
 
     def _send_slow(
         self,
@@ -138,15 +147,17 @@ class Spool(SpoolFront):
         key: bytes | None,
         value: bytes | None,
         headers: HeadersInput | None,
+        own_id: str | None,
     ) -> str:
         """Everything the compiled send leaves to Python: headers, policies and errors.
 
-        A pending topic, a ring not opened yet, a full, busy, closed or fsync ring and an
-        event over the limit all come here, where the ring's policy applies.
+        A pending topic, a ring not opened yet, a full, busy, closed or fsync ring, an
+        event over the limit and an event with the caller's own id all come here, where
+        the ring's policy applies.
         """
         header_list = None if headers is None else normalize_headers(headers)
         now = self._clock.now_ms()
-        event_id = self._ids.next_id(now)
+        event_id = own_id or self._ids.next_id(now)
         payload = encode(event_id.encode(), now, key, value, header_list)
         if len(payload) > self.settings.max_event_bytes:
             raise EventTooLargeError(
@@ -156,13 +167,14 @@ class Spool(SpoolFront):
         queues.append(key, payload, now)
         return event_id
 
-    def _publish(
+    def _publish(  # noqa: PLR0917  # send()'s own parameters, in its order
         self,
         exchange: str,
         routing_key: str,
         value: bytes | None,
         key: bytes | str | None,
         headers: HeadersInput | None,
+        own_id: str | None,
     ) -> str:
         """Route one event through `exchange` and write it once to each target topic.
 
@@ -189,7 +201,7 @@ class Spool(SpoolFront):
         header_list.append(("exchange", exchange.encode()))
         header_list.append(("routing_key", raw_routing_key))
         now = self._clock.now_ms()
-        event_id = self._ids.next_id(now)
+        event_id = own_id or self._ids.next_id(now)
         payload = encode(event_id.encode(), now, key, value, header_list)
         if len(payload) > self.settings.max_event_bytes:
             raise EventTooLargeError(
