@@ -22,6 +22,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
 
 
+def emit(line: str) -> None:
+    """Say one line, as a child: one `os.write`, so a kill cannot cut it unnoticed."""
+    os.write(1, line.encode() + b"\n")
+
+
 class LineReader(threading.Thread):
     """Drains a child's stdout so it never blocks on a full pipe; keeps complete lines."""
 

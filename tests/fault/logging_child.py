@@ -11,12 +11,12 @@ parent can tell an intact record from a damaged one.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 
 from eventspool.logging import SpoolHandler
 from eventspool.spool.api import Spool
+from tests.fault.children import emit
 
 LOGGER = "fault.logging"
 EXCEPTION_EVERY = 1000
@@ -36,10 +36,6 @@ def expected(seq: int, worker: int) -> dict[str, object]:
     }
 
 
-def _emit(line: str) -> None:
-    os.write(1, line.encode() + b"\n")
-
-
 def _log(logger: logging.Logger, worker: int, workers: int, records: int) -> None:
     for seq in range(worker, records, workers):
         extra = {"seq": seq, "worker": worker, "payload": payload(seq)}
@@ -50,7 +46,7 @@ def _log(logger: logging.Logger, worker: int, workers: int, records: int) -> Non
                 logger.exception("record %d of worker %d", seq, worker, extra=extra)
         else:
             logger.info("record %d of worker %d", seq, worker, extra=extra)
-        _emit(str(seq))
+        emit(str(seq))
 
 
 def main(argv: list[str]) -> None:
@@ -61,7 +57,7 @@ def main(argv: list[str]) -> None:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     logger.addHandler(SpoolHandler(spool, topic, key_attribute="worker"))
-    _emit("R 0")
+    emit("R 0")
     started = [
         threading.Thread(target=_log, args=(logger, n, workers, int(records)))
         for n in range(workers)
@@ -70,7 +66,7 @@ def main(argv: list[str]) -> None:
         thread.start()
     for thread in started:
         thread.join()
-    _emit(f"D {spool.unacknowledged()}")
+    emit(f"D {spool.unacknowledged()}")
     threading.Event().wait()
 
 

@@ -19,15 +19,12 @@ import time
 
 from eventspool.routing import Binding, Exchange, ExchangeType
 from eventspool.spool.api import Spool
+from tests.fault.children import emit
 
 EXCHANGE = "fan"
 PARTITIONS = 2
 KEY_SPACE = 97
 _TICK_S = 0.002
-
-
-def _emit(line: str) -> None:
-    os.write(1, line.encode() + b"\n")
 
 
 def fanout(topics: list[str]) -> Exchange:
@@ -40,7 +37,7 @@ def run(directory: str, bootstrap: str, topics: list[str], rate: float, seed: in
     spool = Spool(directory, bootstrap, exchanges=[fanout(topics)])
     for topic in topics:
         spool.set_partition_count(topic, PARTITIONS)
-    _emit(f"R {spool.unacknowledged()}")
+    emit(f"R {spool.unacknowledged()}")
     counter = 0
     started = time.monotonic()
     while True:
@@ -48,7 +45,7 @@ def run(directory: str, bootstrap: str, topics: list[str], rate: float, seed: in
         while counter < due:
             key = b"key-%d" % rng.randrange(KEY_SPACE)
             value = b"event %d of pid %d " % (counter, os.getpid()) + rng.randbytes(64)
-            _emit(spool.send(None, value, key, exchange=EXCHANGE, routing_key="any"))
+            emit(spool.send(None, value, key, exchange=EXCHANGE, routing_key="any"))
             counter += 1
         time.sleep(_TICK_S)
 

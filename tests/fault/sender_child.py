@@ -19,13 +19,10 @@ import time
 
 from eventspool.config import SenderSettings
 from eventspool.spool.api import Spool
+from tests.fault.children import emit
 
 KEY_SPACE = 97
 _TICK_S = 0.005
-
-
-def _emit(line: str) -> None:
-    os.write(1, line.encode() + b"\n")
 
 
 def run(
@@ -49,7 +46,7 @@ def run(
     # duplicates then come only from the sender's in-flight window, which is what the
     # parent bounds.
     spool.set_partition_count(topic, partitions)
-    _emit(f"R {spool.unacknowledged()}")
+    emit(f"R {spool.unacknowledged()}")
     counter = 0
     started = time.monotonic()
     while True:
@@ -57,7 +54,7 @@ def run(
         while counter < due:
             key = b"key-%d" % rng.randrange(KEY_SPACE)
             value = b"event %d of pid %d " % (counter, os.getpid()) + rng.randbytes(64)
-            _emit(spool.send(topic, value, key))
+            emit(spool.send(topic, value, key))
             counter += 1
         time.sleep(_TICK_S)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -139,3 +140,32 @@ def parquet_rewards(output: Path) -> dict[tuple[str, date], int]:
         for r in table.to_pylist()
         if r["reward_cents"] > 0
     }
+
+
+def pipeline_command(  # noqa: PLR0917  # the command line's parts, in its order
+    bootstrap: str, topics: list[str], out: Path, dsn: str, rules: Path, master: str, per_batch: int
+) -> list[str]:
+    """`eventspool pipeline run --once` over `topics`, as an operator types it."""
+    command = [
+        sys.executable,
+        "-m",
+        "eventspool",
+        "pipeline",
+        "run",
+        "--once",
+        "--bootstrap-servers",
+        bootstrap,
+        "--output",
+        str(out),
+        "--dsn",
+        dsn,
+        "--rules",
+        str(rules),
+        "--master",
+        master,
+        "--max-offsets-per-trigger",
+        str(per_batch),
+    ]
+    for topic in topics:
+        command += ["--topic", topic]
+    return command

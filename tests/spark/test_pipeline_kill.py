@@ -8,7 +8,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +21,7 @@ from tests.spark.pipeline_data import (
     archive_ids,
     expected,
     parquet_rewards,
+    pipeline_command,
     send_events,
     table_rewards,
     table_stats,
@@ -35,32 +35,6 @@ PER_BATCH = 1_000
 MASTER = "local[2]"
 
 
-def _command(broker: LocalBroker, topics: list[str], out: Path, dsn: str, rules: Path) -> list[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "eventspool",
-        "pipeline",
-        "run",
-        "--once",
-        "--bootstrap-servers",
-        broker.bootstrap_servers,
-        "--output",
-        str(out),
-        "--dsn",
-        dsn,
-        "--rules",
-        str(rules),
-        "--master",
-        MASTER,
-        "--max-offsets-per-trigger",
-        str(PER_BATCH),
-    ]
-    for topic in topics:
-        command += ["--topic", topic]
-    return command
-
-
 def test_sigkill_of_the_driver_mid_run_then_restart(
     broker: LocalBroker, database: str, tmp_path: Path
 ) -> None:
@@ -72,7 +46,9 @@ def test_sigkill_of_the_driver_mid_run_then_restart(
     rules = tmp_path / "rules.toml"
     rules.write_text(RULES_TOML)
     out = tmp_path / "out"
-    command = _command(broker, topics, out, database, rules)
+    command = pipeline_command(
+        broker.bootstrap_servers, topics, out, database, rules, MASTER, PER_BATCH
+    )
     commits = out / "_checkpoint" / "commits"
 
     with (tmp_path / "first.log").open("wb") as log:
