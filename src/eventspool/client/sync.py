@@ -39,7 +39,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +70,7 @@ from eventspool.client.common import (
     wire_event,
     wire_size,
 )
+from eventspool.client.future import LazyFuture
 from eventspool.envelope import HeadersInput
 from eventspool.errors import (
     EventspoolError,
@@ -172,7 +173,7 @@ class _FutureReply(_Reply):
 
     def __init__(self, outstanding: _Outstanding) -> None:  # no lock: the future is the reply
         self.done = False
-        self.future: Future[str] = Future()
+        self.future: Future[str] = LazyFuture()
         self.outstanding = outstanding
 
     def wait(self, timeout: float) -> bool:
@@ -183,12 +184,13 @@ class _FutureReply(_Reply):
             return
         self.done = True
         self.outstanding.settled_total = next(self.outstanding.settled)
-        if self.future.done():  # cancelled by its caller
-            return
-        if isinstance(outcome, str):
-            self.future.set_result(outcome)
-        else:
-            self.future.set_exception(outcome)
+        try:
+            if isinstance(outcome, str):
+                self.future.set_result(outcome)
+            else:
+                self.future.set_exception(outcome)
+        except InvalidStateError:  # cancelled by its caller
+            pass
 
 
 @dataclass(slots=True, eq=False)

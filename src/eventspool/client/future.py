@@ -1,0 +1,126 @@
+"""A `concurrent.futures.Future` that makes its condition only when a caller must wait.
+
+`Client.send_async()` returns a future per event, and most are settled before anybody
+looks at them. A plain Future builds a `threading.Condition` (and its lock) in its
+constructor: a fifth of the client's CPU per event, measured. This one builds it only
+when a caller has to block (`result()` or `exception()` before it is settled,
+`concurrent.futures.wait()`, `as_completed()`) or for `cancel()`. Settling, callbacks
+and reading a settled future take one short module lock instead. It stays a real
+Future, so every function of `concurrent.futures` accepts it.
+
+It relies on Future's internals as CPython writes them (`_condition`, `_state`,
+`_result`, `_exception`, `_done_callbacks`): `tests/client/test_future.py` runs the
+public behaviour against it, so a Python release that changes them fails there first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, LOGGER, PENDING
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# Held for a few instructions: to make a condition, or to settle or watch a future that
+# has none. While it is None nobody can be blocked on the future.
+_LOCK = threading.Lock()
+
+
+class LazyFuture(Future[T]):
+    """A Future whose condition is made on first blocking use."""
+
+    def __init__(self) -> None:  # not Future.__init__: it would build the condition
+        self._lazy_condition: threading.Condition | None = None
+        self._state = PENDING
+        self._result: T | None = None
+        self._exception: BaseException | None = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Callable[[Future[T]], object]] = []
+
+    @property
+    def _condition(self) -> threading.Condition:  # type: ignore[override]
+        condition = self._lazy_condition
+        if condition is None:
+            with _LOCK:
+                condition = self._lazy_condition
+                if condition is None:
+                    condition = self._lazy_condition = threading.Condition()
+        return condition
+
+    def done(self) -> bool:
+        return self._state in _DONE
+
+    def running(self) -> bool:
+        return False  # the agent's answer is pending or has come: never "running"
+
+    def result(self, timeout: float | None = None) -> T:
+        if self._state == FINISHED:
+            if self._exception is not None:
+                raise self._exception
+            return self._result  # type: ignore[return-value]  # set with the state
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:
+            return self._exception
+        return super().exception(timeout)
+
+    def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
+        with _LOCK:
+            if self._lazy_condition is None and self._state == PENDING:
+                self._done_callbacks.append(fn)
+                return
+        if self._lazy_condition is None:  # settled without a condition: call it now
+            _call(fn, self)
+        else:
+            super().add_done_callback(fn)
+
+    def set_result(self, result: T) -> None:
+        with _LOCK:
+            if self._lazy_condition is None:
+                _check_pending(self)
+                self._result = result
+                self._state = FINISHED
+                callbacks, self._done_callbacks = self._done_callbacks, []
+            else:
+                callbacks = None
+        if callbacks is None:
+            super().set_result(result)
+        else:
+            for fn in callbacks:
+                _call(fn, self)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        with _LOCK:
+            if self._lazy_condition is None:
+                _check_pending(self)
+                self._exception = exception
+                self._state = FINISHED
+                callbacks, self._done_callbacks = self._done_callbacks, []
+            else:
+                callbacks = None
+        if callbacks is None:
+            super().set_exception(exception)
+        else:
+            for fn in callbacks:
+                _call(fn, self)
+
+
+_DONE = frozenset({CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED})
+
+
+def _check_pending(future: Future[Any]) -> None:
+    """Settling twice is an error, as on a Future; cancelling needs the condition."""
+    state = future._state
+    if state != PENDING:  # not repr(future): it takes the condition, under _LOCK
+        raise InvalidStateError(f"{state}: the future is settled already")
+
+
+def _call(fn: Callable[[Future[T]], object], future: Future[T]) -> None:
+    """A done callback, as Future runs it: its error is logged, not raised."""
+    try:
+        fn(future)
+    except Exception:
+        LOGGER.exception("exception calling callback for %r", future)

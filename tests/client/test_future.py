@@ -1,0 +1,136 @@
+"""LazyFuture behaves as a concurrent.futures.Future, whichever side comes first.
+
+Each case runs on a plain Future too, so the expectations are Future's own, not ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from concurrent.futures import (
+    CancelledError,
+    Future,
+    InvalidStateError,
+    as_completed,
+    wait,
+)
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import pytest
+
+from eventspool.client.future import LazyFuture
+
+KINDS = [pytest.param(Future, id="Future"), pytest.param(LazyFuture, id="LazyFuture")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_settled_before_anyone_looks(kind: type[Future[str]]) -> None:
+    done, failed = kind(), kind()
+    assert not done.done()
+    assert not done.running()
+    done.set_result("id")
+    failed.set_exception(ValueError("refused"))
+    assert done.done()
+    assert failed.done()
+    assert not done.cancelled()
+    assert done.result(0) == "id"
+    assert done.exception(0) is None
+    assert isinstance(failed.exception(0), ValueError)
+    with pytest.raises(ValueError, match="refused"):
+        failed.result(0)
+    with pytest.raises(InvalidStateError):
+        done.set_result("again")
+    with pytest.raises(InvalidStateError):
+        failed.set_exception(ValueError("again"))
+    assert not done.cancel()
+    assert "finished" in repr(done)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_waiter_blocked_before_the_result_is_woken(kind: type[Future[str]]) -> None:
+    future = kind()
+    with pytest.raises(FutureTimeout):
+        future.result(0.01)
+    got: list[str] = []
+    waiter = threading.Thread(target=lambda: got.append(future.result(10)))
+    waiter.start()
+    threading.Timer(0.05, future.set_result, ("late",)).start()
+    waiter.join(10)
+    assert got == ["late"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_callbacks_run_once_before_and_after_settling(
+    kind: type[Future[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    future = kind()
+    calls: list[tuple[str, Future[str]]] = []
+    future.add_done_callback(lambda f: calls.append(("before", f)))
+    future.add_done_callback(lambda f: 1 / 0)  # logged, never raised
+    with caplog.at_level(logging.ERROR, logger="concurrent.futures"):
+        future.set_result("id")
+    future.add_done_callback(lambda f: calls.append(("after", f)))
+    assert calls == [("before", future), ("after", future)]
+    assert "exception calling callback" in caplog.text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cancel_before_the_answer(kind: type[Future[str]]) -> None:
+    future = kind()
+    cancelled: list[bool] = []
+    future.add_done_callback(lambda f: cancelled.append(f.cancelled()))
+    assert future.cancel()
+    assert cancelled == [True]
+    with pytest.raises(CancelledError):
+        future.result(0)
+    with pytest.raises(InvalidStateError):
+        future.set_result("too late")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wait_and_as_completed_accept_it(kind: type[Future[str]]) -> None:
+    settled, pending, late = kind(), kind(), kind()
+    settled.set_result("a")
+    done, not_done = wait([settled, pending], timeout=0.01)
+    assert (done, not_done) == ({settled}, {pending})
+    threading.Timer(0.05, late.set_result, ("c",)).start()
+    assert [f.result() for f in as_completed([settled, late], timeout=10)] == ["a", "c"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_settling_races_waiters_and_callbacks(kind: type[Future[int]]) -> None:
+    """Whatever the order, every waiter gets the result and every callback runs once."""
+    rng = random.Random(7)
+    futures = [kind() for _ in range(2000)]
+    seen: list[int] = []
+    called = [0] * len(futures)
+    lock = threading.Lock()
+
+    def watch(indexes: list[int]) -> None:
+        for index in indexes:
+            if index % 2:
+                seen.append(futures[index].result(10))
+            else:
+
+                def note(_: Future[int], index: int = index) -> None:
+                    with lock:
+                        called[index] += 1
+
+                futures[index].add_done_callback(note)
+
+    def settle() -> None:
+        for index, future in enumerate(futures):
+            future.set_result(index)
+
+    order = list(range(len(futures)))
+    rng.shuffle(order)
+    threads = [threading.Thread(target=watch, args=(order[n::4],)) for n in range(4)]
+    threads.append(threading.Thread(target=settle))
+    rng.shuffle(threads)
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(seen) == list(range(1, len(futures), 2))
+    assert called == [1 if index % 2 == 0 else 0 for index in range(len(futures))]
