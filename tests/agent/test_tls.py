@@ -47,7 +47,7 @@ from eventspool.errors import ForbiddenError
 from eventspool.testing.agent import AgentProcess
 from eventspool.testing.tls import Pki, have_openssl
 from eventspool.verify import consume_event_ids, ledger
-from tests.agent.conftest import AgentFactory
+from tests.agent.conftest import AgentFactory, call
 
 pytestmark = pytest.mark.skipif(not have_openssl(), reason="certificates are made with openssl")
 
@@ -132,6 +132,7 @@ def test_a_plaintext_client_is_refused_by_a_tls_listener(
         assert read_until_closed(raw) == b""  # no frame: the handshake failed
     stats = agent.stats()
     assert stats["tls_handshake_failures"] == 2
+    assert "eventspool_tls_handshake_failures_total 2.0" in call(agent, "GET", "/metrics")[1]
     assert "plain" not in topics_on_disk(agent)
     log = agent.log_tail()
     assert log.count("a client without TLS?") == 1, "logged once per client host and reason"
@@ -227,6 +228,7 @@ def test_a_token_is_served_what_its_rule_grants_and_a_wrong_one_is_refused(
 
     stats = agent.stats()
     assert stats["auth_failures"] == 4
+    assert "eventspool_auth_failures_total 4.0" in call(agent, "GET", "/metrics")[1]
     assert stats["forbidden_by_rule"] == {"billing": 1}
     log = agent.log_tail()
     assert log.count("unknown token") == 1 and log.count("no token") == 1
