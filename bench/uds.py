@@ -20,7 +20,11 @@ What one run measures (each figure is the median over the repetitions):
 5. The cost of the access checks: pass 1's blocking `send()` on a second agent whose
    agent.toml has `ACCESS_RULES` [[access]] rules of 100 topic patterns each and
    `ALLOWED_PATTERNS` allowed_topics patterns, alternating with pass 1 itself; the
-   figure is its rate against pass 1's (TLS for TCP is not built yet, so not measured).
+   figure is its rate against pass 1's.
+6. The cost of TLS: pass 1's workload (one client shared by `CLIENT_THREADS` threads,
+   blocking `send()`) over loopback TCP, in plaintext to the first agent's TCP listener
+   and with TLS to a third agent's TLS listener (certificates made at start with the
+   openssl command), alternating; the figure is the TLS rate against the plaintext one.
 
 Every event is keyless with the same 100-byte value, to a topic of `PARTITIONS`
 partitions created up front. The agent is `eventspool agent` as its own process with a
@@ -32,6 +36,7 @@ machine's few cores, clients, agent and broker compete for them.
 
 Goals from the issues, reported and not asserted: >= 200k events/s from one client
 shared by 16 threads, round-trip p50 < 50 us, access checks costing under 5% of the rate.
+TLS has no goal: its cost is reported as measured.
 
 The LAST line on stdout is one JSON object; progress and a table go to stderr.
 """
@@ -46,6 +51,7 @@ import random
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -74,12 +80,14 @@ from _common import (
     safe_ratio,
 )
 from eventspool.broker import LocalBroker, create_topic
+from eventspool.broker.local import find_free_port
 from eventspool.client.sync import AgentError, Client
 from eventspool.config import MIB, QueueSettings, SpoolSettings
 from eventspool.envelope import FIXED_SIZE
 from eventspool.errors import EventspoolError
 from eventspool.spool.api import Spool
 from eventspool.spool.ring import frame_size
+from eventspool.testing.tls import Pki, have_openssl
 
 FIGURE = "uds_rate_one_batching_client"
 TOPIC = "bench-uds"
@@ -94,6 +102,7 @@ GOAL_RTT_P50_US = 50.0
 GOAL_ACCESS_COST = 0.05
 ACCESS_RULES = 10
 ALLOWED_PATTERNS = 1000
+TCP_HOST = "127.0.0.1"
 CHILD_FLAG = "--child"
 _START_TIMEOUT_S = 30.0
 
@@ -510,6 +519,15 @@ class Agent:
                 self.process.wait()
 
 
+def tcp_listener_toml(port: int, tls: tuple[Path, Path] | None = None) -> str:
+    """A loopback TCP listener, with TLS when given the server's (certificate, key)."""
+    listen = f'tcp_listen = "{TCP_HOST}:{port}"\n'
+    if tls is None:
+        return listen
+    cert, key = (json.dumps(os.fspath(path)) for path in tls)
+    return f"{listen}[tls]\ncert_file = {cert}\nkey_file = {key}\n"
+
+
 def access_rules_toml() -> str:
     """ACCESS_RULES [[access]] rules and ALLOWED_PATTERNS allowed_topics patterns, the
     last rule granting this process's uid the bench topic among its patterns."""
@@ -580,6 +598,8 @@ def add_pass(runs: Runs, name: str, result: RatePass, agent_cpu_s: float | None)
 
 
 def run(args: BenchArgs) -> dict[str, object]:
+    if not have_openssl():
+        raise SystemExit("the TLS pass makes its certificates with openssl, and none was found")
     profile = QUICK if args.quick else FULL
     value = payload()
     runs = Runs()
@@ -591,11 +611,23 @@ def run(args: BenchArgs) -> dict[str, object]:
         f"{profile.pass_seconds}s, {profile.rtt_samples} round trips; scratch on {fs_type}"
     )
     anchor_settings = SpoolSettings(queue=QueueSettings(capacity_bytes=CAPACITY_BYTES))
+    plain_port, tls_port = find_free_port(), find_free_port()
     try:
+        pki = Pki(scratch / "pki")
         with LocalBroker(scratch / "broker") as broker:
             create_topic(broker.bootstrap_servers, TOPIC, PARTITIONS)
-            agent = Agent(scratch, broker.bootstrap_servers)
+            agent = Agent(scratch, broker.bootstrap_servers, tcp_listener_toml(plain_port))
             ruled = Agent(scratch / "ruled", broker.bootstrap_servers, access_rules_toml())
+            secure = Agent(
+                scratch / "secure",
+                broker.bootstrap_servers,
+                tcp_listener_toml(tls_port, pki.issue("localhost", server=True)),
+            )
+            tcp = TcpTargets(
+                f"tcp://{TCP_HOST}:{plain_port}",
+                f"tcp://{TCP_HOST}:{tls_port}",
+                pki.client_context(),
+            )
             processes: ClientProcesses | None = None
             anchor = Spool(scratch / "anchor-spool", settings=anchor_settings)
             try:
@@ -608,6 +640,8 @@ def run(args: BenchArgs) -> dict[str, object]:
                     ruled,
                     processes,
                     anchor,
+                    secure=secure,
+                    tcp=tcp,
                     value=value,
                     profile=profile,
                     repeats=args.repeats,
@@ -623,6 +657,7 @@ def run(args: BenchArgs) -> dict[str, object]:
                 anchor.close()
                 agent.stop()
                 ruled.stop()
+                secure.stop()
     finally:
         if args.keep:
             progress(f"scratch directory kept: {scratch}")
@@ -632,12 +667,24 @@ def run(args: BenchArgs) -> dict[str, object]:
     return build_result(args, profile, runs, facts, fs_type)
 
 
+@dataclass(frozen=True, slots=True)
+class TcpTargets:
+    """The first agent's plaintext TCP listener, the third's TLS one and a client context
+    that trusts it."""
+
+    plain: str
+    tls: str
+    context: ssl.SSLContext
+
+
 def measure(
     agent: Agent,
     ruled: Agent,
     processes: ClientProcesses,
     anchor: Spool,
     *,
+    secure: Agent,
+    tcp: TcpTargets,
     value: bytes,
     profile: Profile,
     repeats: int,
@@ -650,10 +697,15 @@ def measure(
         Client(agent.socket_path) as batching,
         Client(agent.socket_path) as single,
         Client(ruled.socket_path) as checked,
+        Client(tcp.plain) as plaintext,
+        Client(tcp.tls, ssl_context=tcp.context) as encrypted,
     ):
         warm = timed_rate(batching.send, value, CLIENT_THREADS, profile.warmup_seconds)
         timed_rate(checked.send, value, CLIENT_THREADS, profile.warmup_seconds)
         drains.append(ruled.wait_drained(profile.drain_timeout_s))
+        for side, client in ((agent, plaintext), (secure, encrypted)):
+            timed_rate(client.send, value, CLIENT_THREADS, profile.warmup_seconds)
+            drains.append(side.wait_drained(profile.drain_timeout_s))
         warm_processes = combine(processes.run(profile.warmup_seconds))
         anchor_pass(anchor, value, profile.warmup_seconds)
         drains.append(agent.wait_drained(profile.drain_timeout_s))
@@ -661,6 +713,7 @@ def measure(
             f"warm-up: one client {warm.rate:,.0f}/s, {PROCESSES} processes "
             f"{warm_processes.rate:,.0f}/s"
         )
+        rates: dict[str, float] = {}
         for rep in range(repeats):
             # The same pass with and without the access checks, in alternating order.
             sides = [(agent, batching, "one_client"), (ruled, checked, "access_rules")]
@@ -671,6 +724,15 @@ def measure(
                 drains.append(side.wait_drained(profile.drain_timeout_s))
                 if name == "one_client":
                     one = sent
+
+            # The same pass over loopback TCP, in plaintext and with TLS, alternating.
+            sides = [(agent, plaintext, "tcp_plain"), (secure, encrypted, "tcp_tls")]
+            for side, client, name in sides if rep % 2 == 0 else reversed(sides):
+                cpu = side.cpu_s()
+                sent = timed_rate(client.send, value, CLIENT_THREADS, profile.pass_seconds)
+                add_pass(runs, name, sent, side.cpu_s() - cpu)
+                drains.append(side.wait_drained(profile.drain_timeout_s))
+                rates[name] = sent.rate
 
             cpu = agent.cpu_s()
             fired = async_rate(batching, value, CLIENT_THREADS, profile.pass_seconds)
@@ -703,7 +765,8 @@ def measure(
                 f"rep {rep + 1}/{repeats}: one client {one.rate:,.0f}/s (send_async "
                 f"{fired.rate:,.0f}/s), {PROCESSES} processes "
                 f"{many.rate:,.0f}/s, round trip p50 {summary['p50_us']:.0f} us "
-                f"p99 {summary['p99_us']:.0f} us, Spool.send() {spool.rate:,.0f}/s"
+                f"p99 {summary['p99_us']:.0f} us, Spool.send() {spool.rate:,.0f}/s, "
+                f"TCP {rates['tcp_plain']:,.0f}/s, TLS {rates['tcp_tls']:,.0f}/s"
             )
     facts["drain_wait_s_max"] = round(max(drains), 3)
     stats = agent.stats()
@@ -717,6 +780,7 @@ def build_result(
     figures = runs.medians()
     ours = figures["one_client_rate"]
     access_ratio = safe_ratio(figures["access_rules_rate"], ours)
+    tls_ratio = safe_ratio(figures["tcp_tls_rate"], figures["tcp_plain_rate"])
     anchor = figures["anchor_rate"]
     result: dict[str, object] = {
         "figure": FIGURE,
@@ -747,6 +811,14 @@ def build_result(
                 anchor_is="the same pass on an agent without them",
             ),
             figure(
+                "uds_rate_tcp_tls",
+                round(figures["tcp_tls_rate"]),
+                round(figures["tcp_plain_rate"]),
+                unit="events/s",
+                title=f"Client.send() over loopback TCP with TLS, {CLIENT_THREADS} threads",
+                anchor_is="the same pass over loopback TCP in plaintext",
+            ),
+            figure(
                 "uds_rate_8_processes",
                 round(figures["processes_rate"]),
                 round(anchor),
@@ -760,6 +832,10 @@ def build_result(
         "socket_echo_rtt_p50_us": round(figures["echo_rtt_p50_us"], 1),
         "rate_8_processes": round(figures["processes_rate"]),
         "access_rules_cost": None if access_ratio is None else round(1 - access_ratio, 4),
+        "rate_tcp_plaintext": round(figures["tcp_plain_rate"]),
+        "rate_tcp_tls": round(figures["tcp_tls_rate"]),
+        "tcp_tls_ratio": tls_ratio,
+        "tls_cost": None if tls_ratio is None else round(1 - tls_ratio, 4),
         "rtt_p50_us": figures["rtt_p50_us"],
         "rtt_p99_us": figures["rtt_p99_us"],
         "rtt_p999_us": figures["rtt_p999_us"],
@@ -775,6 +851,10 @@ def build_result(
         "cpu_us_per_event": {
             "agent_one_client": round(figures["one_client_agent_cpu_us_per_event"], 2),
             "agent_access_rules": round(figures["access_rules_agent_cpu_us_per_event"], 2),
+            "agent_tcp_plaintext": round(figures["tcp_plain_agent_cpu_us_per_event"], 2),
+            "agent_tcp_tls": round(figures["tcp_tls_agent_cpu_us_per_event"], 2),
+            "client_tcp_plaintext": round(figures["tcp_plain_client_cpu_us_per_event"], 2),
+            "client_tcp_tls": round(figures["tcp_tls_client_cpu_us_per_event"], 2),
             "agent_send_async": round(figures["async_agent_cpu_us_per_event"], 2),
             "client_send_async": round(figures["async_client_cpu_us_per_event"], 2),
             "client_one_client": round(figures["one_client_client_cpu_us_per_event"], 2),
@@ -785,7 +865,15 @@ def build_result(
         },
         "failed_sends_total": {
             name: round(sum(runs.values[f"{name}_errors"]))
-            for name in ("one_client", "access_rules", "async", "processes", "anchor")
+            for name in (
+                "one_client",
+                "access_rules",
+                "tcp_plain",
+                "tcp_tls",
+                "async",
+                "processes",
+                "anchor",
+            )
         },
         "settings": {
             "topic_partitions": PARTITIONS,
@@ -794,7 +882,11 @@ def build_result(
             "in a loop (the client pipelines their requests on one connection)",
             "access_rules": "the one_client pass on a second agent whose agent.toml has "
             f"{ACCESS_RULES} [[access]] rules of 100 topic patterns each (the last for this "
-            f"uid) and {ALLOWED_PATTERNS} allowed_topics patterns; TLS is not built yet",
+            f"uid) and {ALLOWED_PATTERNS} allowed_topics patterns",
+            "tcp": f"the one_client pass over loopback TCP ({TCP_HOST}): in plaintext to the "
+            "first agent's TCP listener, and with TLS (server certificate only, P-256, made "
+            "at start by openssl) to a third agent with the same settings; alternating, "
+            "one connection each, its TLS handshake before the pass",
             "send_async": f"{CLIENT_THREADS} threads sharing one Client, each calling "
             "send_async() in a loop; the pass ends when every future resolved",
             "handoff_ceiling": f"{CLIENT_THREADS} threads each blocked on its own lock, "
@@ -863,6 +955,13 @@ def print_summary(result: dict[str, object]) -> None:
             ["round trip p50 (us)", result["rtt_p50_us"], GOAL_RTT_P50_US, cpu["agent_round_trip"]],
             ["round trip p99 (us)", result["rtt_p99_us"], None, None],
             ["in-process Spool.send() (events/s)", result["anchor"], None, None],
+            [
+                "loopback TCP, plaintext (events/s)",
+                result["rate_tcp_plaintext"],
+                None,
+                cpu["agent_tcp_plaintext"],
+            ],
+            ["loopback TCP, TLS (events/s)", result["rate_tcp_tls"], None, cpu["agent_tcp_tls"]],
         ],
     )
     print(

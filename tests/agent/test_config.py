@@ -188,11 +188,6 @@ def test_loopback_tcp_listen_needs_no_permission(tmp_path: Path, address: str) -
     assert load_text(tmp_path, f'[agent]\ntcp_listen = "{address}"\n').tcp_listen == address
 
 
-def test_remote_tcp_listen_with_allow_remote(tmp_path: Path) -> None:
-    config = load_text(tmp_path, '[agent]\ntcp_listen = "0.0.0.0:7070"\nallow_remote = true\n')
-    assert config.tcp_listen == "0.0.0.0:7070"
-
-
 def test_unquoted_dotted_librdkafka_keys_are_flattened(tmp_path: Path) -> None:
     config = load_text(
         tmp_path,
@@ -239,7 +234,7 @@ def test_environment_overrides_every_kind_of_value(
         "EVENTSPOOL_AGENT_SOCKET_MODE": "0600",  # octal mode
         "EVENTSPOOL_AGENT_MAX_FRAME_BYTES": " 2000000 ",  # int, spaces tolerated
         "EVENTSPOOL_AGENT_HTTP": "no",  # bool
-        "EVENTSPOOL_AGENT_TCP_LISTEN": "10.0.0.5:7070",
+        "EVENTSPOOL_AGENT_TCP_LISTEN": "127.0.0.2:7070",
         "EVENTSPOOL_AGENT_ALLOW_REMOTE": "YES",
         "EVENTSPOOL_KAFKA_BOOTSTRAP_SERVERS": "kafka-1:9092,kafka-2:9092",  # str
         "EVENTSPOOL_KAFKA_METADATA_REFRESH_S": "7.5",  # float
@@ -256,7 +251,7 @@ def test_environment_overrides_every_kind_of_value(
     assert config.socket_mode == 0o600
     assert config.max_frame_bytes == 2_000_000
     assert config.http is False
-    assert config.tcp_listen == "10.0.0.5:7070"
+    assert config.tcp_listen == "127.0.0.2:7070"
     assert config.bootstrap_servers == "kafka-1:9092,kafka-2:9092"
     assert config.sender.metadata_refresh_s == 7.5
     assert config.sender.create_topics is False
@@ -397,11 +392,12 @@ def test_bad_socket_mode(tmp_path: Path, written: str, expected: str) -> None:
 
 
 @pytest.mark.parametrize("address", ["0.0.0.0:7070", "10.1.2.3:7070", "[::]:7070", "db:7070"])
-def test_remote_tcp_listen_without_allow_remote(tmp_path: Path, address: str) -> None:
-    error = error_of(tmp_path, f'[agent]\ntcp_listen = "{address}"\n')
+@pytest.mark.parametrize("allow_remote", ["", "allow_remote = true\n"])
+def test_remote_tcp_listen_without_tls(tmp_path: Path, address: str, allow_remote: str) -> None:
+    error = error_of(tmp_path, f'[agent]\ntcp_listen = "{address}"\n{allow_remote}')
     assert error.key == "agent.tcp_listen"
     assert f'agent.tcp_listen = "{address}"' in str(error)
-    assert "allow_remote = true" in str(error)
+    assert "set tls.cert_file and tls.key_file" in str(error)
 
 
 @pytest.mark.parametrize(

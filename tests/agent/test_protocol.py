@@ -189,7 +189,7 @@ def test_error_and_ping_golden_bytes() -> None:
 def test_constants_pin_the_format() -> None:
     assert HEADER_SIZE == FRAME_HEADER.size == 9
     assert DEFAULT_MAX_FRAME == 16 * 1024 * 1024
-    assert [int(t) for t in FrameType] == [1, 2, 3, 4, 0x81, 0x82, 0x83, 0xFF]
+    assert [int(t) for t in FrameType] == [1, 2, 3, 4, 5, 0x81, 0x82, 0x83, 0x85, 0xFF]
     assert [int(s) for s in Status] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     assert issubclass(FrameTooLargeError, ProtocolError)
     assert issubclass(ProtocolError, EventspoolError)
@@ -363,7 +363,7 @@ def test_length_below_the_fixed_part_is_a_protocol_error(length: int) -> None:
     assert not isinstance(info.value, FrameTooLargeError)
 
 
-@pytest.mark.parametrize("frame_type", [0, 5, 0x80, 0x84, 0xFE])
+@pytest.mark.parametrize("frame_type", [0, 6, 0x80, 0x84, 0xFE])
 def test_unknown_frame_type_is_refused_as_soon_as_it_arrives(frame_type: int) -> None:
     decoder = FrameDecoder()
     with pytest.raises(ProtocolError, match="unknown frame type"):

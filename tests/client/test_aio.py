@@ -297,7 +297,13 @@ def test_arguments_the_wire_cannot_carry_fail_before_connecting(
 
 
 def test_constructor_rejects_nonsense(tmp_path: Path) -> None:
-    for kwargs in ({"timeout": 0}, {"max_batch": 0}, {"linger_s": -1}, {"reconnect_backoff_s": 0}):
+    cases: list[dict[str, Any]] = [
+        {"timeout": 0},
+        {"max_batch": 0},
+        {"linger_s": -1},
+        {"reconnect_backoff_s": 0},
+    ]
+    for kwargs in cases:
         with pytest.raises(ValueError, match=next(iter(kwargs))):
             AsyncClient(tmp_path / "agent.sock", **kwargs)
 

@@ -1,9 +1,11 @@
 """Which topics and exchanges the agent serves, and to whom.
 
 `allowed_topics` and `allowed_exchanges` bound what the agent serves at all. `[[access]]`
-rules bound what each local peer may use, by the uid and gid the kernel reports for the
-unix socket (SO_PEERCRED): a peer gets the union of the rules that match it and nothing
-more; with no rules, the socket's file permissions alone decide, as before.
+rules bound what each peer may use: a local one by the uid and gid the kernel reports for
+the unix socket (SO_PEERCRED), a TCP one by the common name of its verified client
+certificate or by the token it presented. A peer gets the union of the rules that match
+it and nothing more; with no rules, the socket's file permissions (and, on TCP, the TLS
+settings) alone decide, as before.
 
 Patterns are shell-style globs (`orders.*`, `logs-??`), matched case-sensitively against
 the whole name. A name no pattern matches is refused as FORBIDDEN before anything is
@@ -15,6 +17,8 @@ costs one match each, and the cache is bounded so the flood cannot grow it.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import hmac
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -66,34 +70,61 @@ class AllowList:
         return f"{kind} {name!r} is not allowed on this agent ({key} in agent.toml)"
 
 
+def token_digest(token: bytes) -> bytes:
+    """What agent.toml holds of a token (as hex): its SHA-256, so the file keeps no secret."""
+    return hashlib.sha256(token).digest()
+
+
 @dataclass(frozen=True, slots=True)
 class Peer:
-    """Who is on the other end of a unix socket (SO_PEERCRED); None fields: not known
-    (a TCP client)."""
+    """Who is on the other end: a unix socket's process (SO_PEERCRED), or a TCP client
+    with what it proved (a verified certificate's common name, a token's digest)."""
 
     pid: int | None
     uid: int | None
     gid: int | None
+    address: str | None = None
+    cert_cn: str | None = None
+    token_digest: bytes | None = None
 
     def __str__(self) -> str:
-        if self.uid is None:
-            return "a TCP client"
-        return f"pid {self.pid} (uid {self.uid}, gid {self.gid})"
+        if self.uid is not None:
+            return f"pid {self.pid} (uid {self.uid}, gid {self.gid})"
+        proofs = [f"certificate CN {self.cert_cn!r}"] if self.cert_cn is not None else []
+        if self.token_digest is not None:
+            proofs.append(f"token sha256 {self.token_digest.hex()[:12]}...")
+        where = f"TCP client {self.address}" if self.address else "a TCP client"
+        return f"{where} ({', '.join(proofs)})" if proofs else where
 
 
 @dataclass(frozen=True, slots=True)
 class PeerRule:
-    """`[[access]]` in agent.toml: the peers it matches (by uid or primary gid) may use
-    the topics and exchanges its patterns name."""
+    """`[[access]]` in agent.toml: the peers it matches (by uid or primary gid, or on TCP
+    by certificate common name or token) may use the topics and exchanges its patterns
+    name."""
 
     name: str
     uids: frozenset[int]
     gids: frozenset[int]
     topics: tuple[str, ...]
     exchanges: tuple[str, ...]
+    cert_cns: frozenset[str] = frozenset()
+    token_digests: tuple[bytes, ...] = ()
 
     def matches(self, peer: Peer) -> bool:
-        return peer.uid in self.uids or peer.gid in self.gids
+        if peer.uid is not None:
+            return peer.uid in self.uids or peer.gid in self.gids
+        if peer.cert_cn is not None and peer.cert_cn in self.cert_cns:
+            return True
+        return peer.token_digest is not None and self.knows(peer.token_digest)
+
+    def knows(self, digest: bytes) -> bool:
+        """Whether `digest` is one of this rule's tokens; every one is compared in
+        constant time, so the time taken tells nothing about near misses."""
+        found = False
+        for known in self.token_digests:
+            found |= hmac.compare_digest(known, digest)
+        return found
 
 
 class Grant:
@@ -130,6 +161,15 @@ class PeerRules:
     def __init__(self, rules: Sequence[PeerRule]) -> None:
         self.rules = tuple(rules)
         self.refusals: Counter[str] = Counter()
+        # A TCP client must then present a token (AUTH) before anything else.
+        self.tokens = any(rule.token_digests for rule in self.rules)
+
+    def knows(self, digest: bytes) -> bool:
+        """Whether any rule has this token; all are compared, whichever matches."""
+        found = False
+        for rule in self.rules:
+            found |= rule.knows(digest)
+        return found
 
     def grant(self, peer: Peer) -> Grant | None:
         if not self.rules:

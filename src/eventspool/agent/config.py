@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from eventspool.agent.access import PeerRule
+from eventspool.agent.tls import TlsFileError, TlsSettings, server_context
 from eventspool.config import (
     Durability,
     FullPolicy,
@@ -73,6 +74,7 @@ class AgentConfig:
     bootstrap_servers: str | None = None  # None: spool only, no sender
     max_frame_bytes: int = 16 * 1024 * 1024
     tcp_listen: str | None = None  # "host:port"; off unless configured
+    tls: TlsSettings | None = None  # [tls]: the TCP listener's certificate, key, client CA
     http: bool = True  # HTTP/1.1 JSON interface on the same socket
     frame_timeout_s: float = 30.0  # a frame or HTTP request slower than this closes its connection
     shutdown_timeout_s: float = 10.0  # how long SIGTERM waits for in-flight acknowledgements
@@ -84,7 +86,8 @@ class AgentConfig:
     # Glob patterns of the names served; None: every valid name (agent/access.py).
     allowed_topics: tuple[str, ...] | None = None
     allowed_exchanges: tuple[str, ...] | None = None
-    access: tuple[PeerRule, ...] = ()  # [[access]]: what each local uid or gid may use
+    # [[access]]: what each local uid or gid, certificate name or token may use
+    access: tuple[PeerRule, ...] = ()
 
 
 _Kind = Literal["int", "float", "bool", "str", "mode", "patterns"]
@@ -141,15 +144,27 @@ _SCALARS: dict[str, dict[str, _Kind]] = {
         **_QUEUE_KEYS,
     },
     "quotas": {"client_bytes_per_s": "int"},
+    "tls": {"cert_file": "str", "key_file": "str", "client_ca_file": "str"},
 }
 _TABLES: dict[str, tuple[str, ...]] = {
     "agent": (),
     "kafka": ("config",),
     "spool": (),
     "quotas": ("topics",),
+    "tls": (),
 }
 _SECTIONS = (*_SCALARS, "topics", "exchanges")
-_ACCESS_KEYS = ("name", "uids", "users", "gids", "groups", "topics", "exchanges")
+_ACCESS_KEYS = (
+    "name",
+    "uids",
+    "users",
+    "gids",
+    "groups",
+    "cert_cns",
+    "token_sha256",
+    "topics",
+    "exchanges",
+)
 _EXCHANGE_KEYS = ("type", "bindings", "alternate_topic")
 _BINDING_KEYS = ("topic", "key")
 _EXCHANGE_TYPES = ", ".join(json.dumps(member.value) for member in ExchangeType)
@@ -529,7 +544,11 @@ class _Loader:
             raise self.error(key, value, f"must be a permission mode within 0..0777{hint}")
         return mode
 
-    def tcp_listen(self, value: str, allow_remote: bool) -> str:
+    def tcp_listen(
+        self, value: str, *, allow_remote: bool, tls: TlsSettings | None, tokens: bool
+    ) -> str:
+        """A loopback address may be plaintext; any other needs TLS, and TLS that asks
+        clients for nothing (no client CA, no token) needs `allow_remote` as well."""
         key = "agent.tcp_listen"
         host, sep, port_text = value.rpartition(":")
         if not sep or not port_text.isdigit() or not host:
@@ -540,12 +559,23 @@ class _Loader:
             raise self.error(key, value, 'IPv6 addresses need brackets, e.g. "[::1]:7070"')
         if not 1 <= int(port_text) <= 65535:
             raise self.error(key, value, "the port must be within 1..65535")
-        if not allow_remote and not _is_loopback(host):
+        if _is_loopback(host):
+            return value
+        if tls is None:
             raise self.error(
                 key,
                 value,
-                f"{host} is not a loopback address: other hosts could send events; "
-                "set agent.allow_remote = true if that is intended",
+                f"{host} is not a loopback address: other hosts could connect, and they "
+                "are served only over TLS; set tls.cert_file and tls.key_file",
+            )
+        if not allow_remote and tls.client_ca_file is None and not tokens:
+            raise self.error(
+                key,
+                value,
+                f"{host} is not a loopback address and clients prove nothing (neither "
+                "tls.client_ca_file nor an [[access]] rule with token_sha256 is set): "
+                "anyone who reaches the port could send events; set agent.allow_remote = "
+                "true if that is intended",
             )
         return value
 
@@ -593,6 +623,11 @@ class _Loader:
             )
 
         tcp = agent.get("tcp_listen")
+        access = tuple(
+            self._access_rule(index, body) for index, body in enumerate(self.access_tables)
+        )
+        tls = self._tls(sections["tls"], tcp)
+        self._check_tcp_proofs(access, tls)
         quotas = self.typed("quotas", sections["quotas"], _SCALARS["quotas"])
         client_quota = quotas.get("client_bytes_per_s")
         return AgentConfig(
@@ -603,7 +638,13 @@ class _Loader:
             max_frame_bytes=max_frame,
             tcp_listen=None
             if tcp is None
-            else self.tcp_listen(tcp, agent.get("allow_remote", False)),
+            else self.tcp_listen(
+                tcp,
+                allow_remote=agent.get("allow_remote", False),
+                tls=tls,
+                tokens=any(rule.token_digests for rule in access),
+            ),
+            tls=tls,
             http=agent.get("http", True),
             frame_timeout_s=self.positive_float(
                 "agent.frame_timeout_s", agent.get("frame_timeout_s", 30.0)
@@ -622,14 +663,59 @@ class _Loader:
             exchanges=self._exchanges(sections["exchanges"]),
             allowed_topics=agent.get("allowed_topics"),
             allowed_exchanges=agent.get("allowed_exchanges"),
-            access=tuple(
-                self._access_rule(index, body) for index, body in enumerate(self.access_tables)
-            ),
+            access=access,
         )
 
+    def _tls(self, body: Mapping[str, Any], tcp: str | None) -> TlsSettings | None:
+        """[tls]: both files or neither; they are loaded here, so a bad one stops the start."""
+        values = self.typed("tls", body, _SCALARS["tls"])
+        if not values:
+            return None
+        given = next(iter(values))
+        for key in ("cert_file", "key_file"):
+            if key not in values:
+                raise ConfigError(
+                    f"{self.where(f'tls.{given}')} is set but tls.{key} is not; "
+                    "TLS needs both tls.cert_file and tls.key_file",
+                    key=f"tls.{key}",
+                )
+        if tcp is None:
+            raise ConfigError(
+                f"{self.where('tls.cert_file')}: TLS is for the TCP listener, and "
+                "agent.tcp_listen is not set",
+                key="tls.cert_file",
+            )
+        client_ca = values.get("client_ca_file")
+        settings = TlsSettings(
+            self.path("tls.cert_file", values["cert_file"]),
+            self.path("tls.key_file", values["key_file"]),
+            None if client_ca is None else self.path("tls.client_ca_file", client_ca),
+        )
+        try:
+            server_context(settings)
+        except TlsFileError as exc:
+            raise ConfigError(f"{self.where(exc.key)}: {exc}", key=exc.key) from exc
+        return settings
+
+    def _check_tcp_proofs(self, access: tuple[PeerRule, ...], tls: TlsSettings | None) -> None:
+        """Certificate names need client certificates; tokens must not travel in clear."""
+        for index, rule in enumerate(access):
+            if rule.cert_cns and (tls is None or tls.client_ca_file is None):
+                raise ConfigError(
+                    f"{self.where(f'access[{index}].cert_cns')}: clients are asked for a "
+                    "certificate only with tls.client_ca_file, which is not set",
+                    key=f"access[{index}].cert_cns",
+                )
+            if rule.token_digests and tls is None:
+                raise ConfigError(
+                    f"{self.where(f'access[{index}].token_sha256')}: tokens are taken only "
+                    "over TLS; set agent.tcp_listen, tls.cert_file and tls.key_file",
+                    key=f"access[{index}].token_sha256",
+                )
+
     def _access_rule(self, index: int, body: Mapping[str, Any]) -> PeerRule:
-        """One [[access]] table: the uids/users and gids/groups it matches, and the topic
-        and exchange patterns it grants them."""
+        """One [[access]] table: the uids/users and gids/groups it matches (or, on TCP, the
+        certificate names and tokens), and the topic and exchange patterns it grants them."""
         prefix = f"access[{index}]"
         for key in body:
             if key not in _ACCESS_KEYS:
@@ -652,9 +738,15 @@ class _Loader:
                 gids.add(grp.getgrnam(group).gr_gid)
             except KeyError:
                 raise self.error(f"{prefix}.groups", group, "no such group on this host") from None
-        if not uids and not gids:
+        cert_cns = frozenset(self._names(prefix, body, "cert_cns"))
+        digests = tuple(
+            self._token_digest(f"{prefix}.token_sha256", value)
+            for value in self._names(prefix, body, "token_sha256")
+        )
+        if not uids and not gids and not cert_cns and not digests:
             raise ConfigError(
-                f"{self.where(prefix)}: matches nobody; give uids, users, gids or groups",
+                f"{self.where(prefix)}: matches nobody; give uids, users, gids, groups, "
+                "cert_cns or token_sha256",
                 key=prefix,
             )
         return PeerRule(
@@ -663,7 +755,18 @@ class _Loader:
             frozenset(gids),
             tuple(self._names(prefix, body, "topics")),
             tuple(self._names(prefix, body, "exchanges")),
+            cert_cns,
+            digests,
         )
+
+    def _token_digest(self, key: str, value: str) -> bytes:
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+            raise self.error(
+                key,
+                value,
+                'expected the SHA-256 of a token as 64 hex digits (printf %s "$TOKEN" | sha256sum)',
+            )
+        return bytes.fromhex(value)
 
     def _ids(self, prefix: str, body: Mapping[str, Any], key: str) -> list[int]:
         values = body.get(key, [])

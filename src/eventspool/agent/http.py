@@ -19,7 +19,8 @@ So any language with an HTTP client (or `curl --unix-socket`) can send events:
 h11 parses the HTTP; this module only maps requests to the agent. Every event gets its
 own result; the response is 200 when all were spooled, else the status of the first
 failure (400 bad event, 404 unknown exchange, 413 too large, 422 unroutable, 503 spool
-full or shutting down).
+full or shutting down). Where the agent takes tokens (TCP, [[access]] rules with tokens),
+a request without a known `Authorization: Bearer` token gets 401 and the connection closes.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class HttpHandlers:
     exchange: Callable[[str], dict[str, object]]  # raises UnknownExchangeError
     declare: Callable[[Exchange], Awaitable[bool]]  # True: created
     delete: Callable[[str], Awaitable[None]]
+    # The Authorization header's value (None: absent) -> accepted; None: nothing to check.
+    authenticate: Callable[[bytes | None], bool] | None = None
 
 
 def looks_like_http(first: bytes) -> bool:
@@ -122,6 +125,17 @@ async def serve_http(
             continue
         if isinstance(event, h11.Request):
             request, body, started = event, bytearray(), time.monotonic()
+            if handlers.authenticate is not None and not handlers.authenticate(
+                _header(request, b"authorization")
+            ):
+                await _reply_error(
+                    writer,
+                    connection,
+                    401,
+                    "this agent takes a token: send Authorization: Bearer <token>",
+                    [(b"www-authenticate", b"Bearer")],
+                )
+                return
         elif isinstance(event, h11.Data):
             body += event.data
             if len(body) > max_body:
@@ -136,6 +150,11 @@ async def serve_http(
             request = None
         elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
             return
+
+
+def _header(request: h11.Request, name: bytes) -> bytes | None:
+    """The value of a header; h11 gives names in lower case."""
+    return next((value for key, value in request.headers if key == name), None)
 
 
 async def _route(
@@ -314,7 +333,11 @@ async def _reply(
 
 
 async def _reply_error(
-    writer: asyncio.StreamWriter, connection: h11.Connection, status: int, message: str
+    writer: asyncio.StreamWriter,
+    connection: h11.Connection,
+    status: int,
+    message: str,
+    extra_headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     if connection.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
         return
@@ -323,6 +346,7 @@ async def _reply_error(
         (b"content-type", b"application/json"),
         (b"content-length", str(len(payload)).encode()),
         (b"connection", b"close"),
+        *(extra_headers or ()),
     ]
     try:
         writer.write(connection.send(h11.Response(status_code=status, headers=headers)) or b"")

@@ -43,7 +43,10 @@ SEND_RESULT body (type 0x81), one result per event of the SEND or PUBLISH, in or
           when the status is OK, else the error message
 
 PING (2) carries any body; PONG (0x82) echoes it. STATS (3) has an empty body;
-STATS_RESULT (0x83) carries a UTF-8 JSON object. ERROR (0xFF) reports a request that
+STATS_RESULT (0x83) carries a UTF-8 JSON object. AUTH (5) carries a token, as its
+UTF-8 bytes; it must be the first frame of a TCP connection to an agent whose
+[[access]] rules have tokens, and AUTH_RESULT (0x85, empty body) accepts it. ERROR (0xFF)
+reports a refused token (FORBIDDEN, then the agent closes the connection) or a request that
 could not be parsed: with request id 0 when the framing itself broke (the agent then
 closes the connection), else with the request's id (the connection stays open)::
 
@@ -106,9 +109,11 @@ class FrameType(IntEnum):
     PING = 2
     STATS = 3
     PUBLISH = 4
+    AUTH = 5
     SEND_RESULT = 0x81
     PONG = 0x82
     STATS_RESULT = 0x83
+    AUTH_RESULT = 0x85
     ERROR = 0xFF
 
 

@@ -15,16 +15,24 @@ answers (the transport's write buffer is over its limit), while too many of its
 requests wait for the pool, and while it is over its quota. A frame that takes longer
 than `frame_timeout_s` to arrive (a slowloris) closes its connection, and so does a
 connection that says nothing for as long.
+
+With TLS, a TCP connection is served once its handshake succeeded (within
+`frame_timeout_s`); a failed one is counted and logged once per client host and reason.
+When `[[access]]` rules have tokens, a TCP connection's first frame must be an AUTH with
+one of them (an HTTP request's `Authorization: Bearer` header): anything else is
+refused, counted and the connection closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
 import os
 import socket
+import ssl
 import struct
 import time
 from collections import deque
@@ -34,7 +42,7 @@ from pathlib import Path
 from typing import cast
 
 from eventspool._core.native import intake_send
-from eventspool.agent.access import AllowList, Grant, Peer, PeerRules
+from eventspool.agent.access import AllowList, Grant, Peer, PeerRules, token_digest
 from eventspool.agent.http import HttpHandlers, looks_like_http, serve_http
 from eventspool.agent.protocol import (
     DEFAULT_MAX_FRAME,
@@ -55,6 +63,7 @@ from eventspool.agent.protocol import (
     encode_text,
 )
 from eventspool.agent.quotas import Quotas
+from eventspool.agent.tls import common_name, openssl_text
 from eventspool.config import Durability, FullPolicy
 from eventspool.errors import (
     DiskFullError,
@@ -80,6 +89,10 @@ _INLINE_MAX_EVENTS = 64
 # Requests of one connection waiting for the thread pool before its reading pauses.
 _MAX_WAITING_REQUESTS = 256
 _TOPIC_CACHE_MAX = 10_000
+# Client hosts and reasons whose refused handshake or token was logged; beyond it, counted only.
+_REFUSALS_LOGGED_MAX = 1000
+# OpenSSL's reasons when what arrived is no TLS at all.
+_NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
 
 # What a request is answered with, and the key and value bytes it spooled (for quotas).
 _Answer = tuple[bytes, int]
@@ -96,6 +109,7 @@ class AgentServer:
         frame_timeout_s: float = 30.0,
         quotas: Quotas | None = None,
         tcp_listen: tuple[str, int] | None = None,
+        tls: ssl.SSLContext | None = None,
         allow: AllowList | None = None,
         peer_rules: PeerRules | None = None,
     ) -> None:
@@ -109,13 +123,18 @@ class AgentServer:
         self.allow = allow or AllowList(None, None)
         self.peer_rules = peer_rules or PeerRules(())
         self.tcp_listen = tcp_listen
+        self.tls = tls
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[_FrameConnection] = set()
         self._http_tasks: set[asyncio.Task[None]] = set()
+        self._handshakes: set[asyncio.Task[None]] = set()
+        self._refusals_logged: set[tuple[str, str]] = set()
         self._topic_waits: dict[str, bool] = {}
         self.accepting = True
         self.protocol_errors = 0
         self.requests = 0  # SEND and PUBLISH frames: events / requests is the batching
+        self.tls_handshake_failures = 0
+        self.auth_failures = 0  # TCP connections refused for a missing or unknown token
 
     def stats(self) -> dict[str, object]:
         """What STATS answers: every queue, the sender's counters, connectivity."""
@@ -135,6 +154,8 @@ class AgentServer:
             "throttle_seconds": self.quotas.counters.throttle_seconds,
             "forbidden": self.allow.refused + self.peer_rules.refusals.total(),
             "forbidden_by_rule": dict(self.peer_rules.refusals),
+            "tls_handshake_failures": self.tls_handshake_failures,
+            "auth_failures": self.auth_failures,
             "exchanges": {
                 info.exchange.name: exchange_json(info) for info in self.spool.exchanges()
             },
@@ -156,15 +177,19 @@ class AgentServer:
         self._servers.append(unix)
         if self.tcp_listen is not None:
             host, port = self.tcp_listen
-            self._servers.append(
-                await loop.create_server(lambda: _FrameConnection(self), host, port)
+            factory: type[_FrameConnection | _Handshake] = (
+                _FrameConnection if self.tls is None else _Handshake
             )
+            self._servers.append(await loop.create_server(lambda: factory(self), host, port))
 
     async def stop(self) -> None:
         """Stop accepting connections, answer what is being processed, close the rest."""
         self.accepting = False
         for server in self._servers:
             server.close()
+        for handshake in list(self._handshakes):
+            handshake.cancel()
+        await asyncio.gather(*self._handshakes, return_exceptions=True)
         await asyncio.gather(*(connection.finish() for connection in list(self._connections)))
         for task in list(self._http_tasks):
             task.cancel()
@@ -174,23 +199,76 @@ class AgentServer:
         self.executor.shutdown(wait=True)
         self.socket_path.unlink(missing_ok=True)
 
+    # ---- TLS and tokens ---------------------------------------------------------------
+
+    def start_tls(self, transport: asyncio.Transport, handshake: _Handshake) -> None:
+        task = asyncio.get_running_loop().create_task(self._handshake(transport, handshake))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, transport: asyncio.Transport, handshake: _Handshake) -> None:
+        """Serve the connection once its TLS handshake succeeded; count and log a failure."""
+        assert self.tls is not None
+        address = _address(transport)
+        try:
+            secure = await asyncio.get_running_loop().start_tls(
+                transport,
+                handshake,
+                self.tls,
+                server_side=True,
+                ssl_handshake_timeout=self.frame_timeout_s,
+            )
+        except OSError as exc:  # ssl.SSLError, a reset, the handshake timeout
+            self.tls_handshake_failures += 1
+            reason = getattr(exc, "reason", None) or type(exc).__name__
+            hint = " (a client without TLS?)" if reason in _NOT_TLS else ""
+            self.log_refusal(address, f"TLS handshake failed: {openssl_text(exc)}{hint}", reason)
+            transport.close()
+            return
+        if secure is None:  # closed before the handshake ended: a probe, not a client
+            return
+        handshake.hand_over(secure, _FrameConnection(self))
+
+    def log_refusal(self, address: str, message: str, reason: str) -> None:
+        """One warning per client host and reason, not one per connection of a client
+        that keeps trying."""
+        host = address.rpartition(":")[0] or address
+        if (host, reason) in self._refusals_logged:
+            return
+        if len(self._refusals_logged) < _REFUSALS_LOGGED_MAX:
+            self._refusals_logged.add((host, reason))
+            log.warning("TCP client %s refused: %s", address, message)
+
+    def authenticate(self, peer: Peer, token: bytes | None) -> Peer | None:
+        """The peer with its token's digest when one of the rules knows the token; None,
+        counted and logged, when there is none or no rule knows it."""
+        if token is not None:
+            digest = token_digest(token)
+            if self.peer_rules.knows(digest):
+                return dataclasses.replace(peer, token_digest=digest)
+        self.auth_failures += 1
+        reason = "no token" if token is None else "unknown token"
+        self.log_refusal(peer.address or "?", f"{reason}; this agent takes a token first", reason)
+        return None
+
     def serve_http(
         self,
         first: bytes,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         client: str,
-        grant: Grant | None = None,
+        peer: _HttpPeer,
     ) -> None:
         """Serve a connection whose first bytes were an HTTP request, in a task of its own."""
         handlers = HttpHandlers(
-            send=functools.partial(self.send, client=client, grant=grant),
+            send=peer.send,
             metrics=self.metrics,
             health=self.health,
             exchanges=self.list_exchanges,
             exchange=self.get_exchange,
             declare=self.declare_exchange,
             delete=self.delete_exchange,
+            authenticate=peer.authenticate if peer.needs_token else None,
         )
         task = asyncio.get_running_loop().create_task(
             self._serve_http(first, reader, writer, handlers, client)
@@ -234,6 +312,13 @@ class AgentServer:
             body = json.dumps(self.stats()).encode()
             return encode_frame(FrameType.STATS_RESULT, frame.request_id, body)
         self.protocol_errors += 1
+        if frame_type is FrameType.AUTH:
+            return encode_error(
+                frame.request_id,
+                Status.MALFORMED,
+                "AUTH is taken only as the first frame of a TCP connection, when the "
+                "agent's [[access]] rules have tokens",
+            )
         return encode_error(
             frame.request_id, Status.MALFORMED, f"{frame_type.name} is not a request"
         )
@@ -373,6 +458,8 @@ class AgentServer:
                 "throttled_responses": counters.throttled_responses,
                 "throttle_seconds": counters.throttle_seconds,
                 "forbidden_requests": self.allow.refused,
+                "tls_handshake_failures": self.tls_handshake_failures,
+                "auth_failures": self.auth_failures,
             },
             lambda: {
                 "access_refusals": (
@@ -513,13 +600,25 @@ def _client_name(transport: asyncio.BaseTransport, peer: Peer) -> str:
 
 
 def _peer(transport: asyncio.BaseTransport) -> Peer:
-    """The kernel's word on who connected (SO_PEERCRED); unknown for a TCP client."""
+    """The kernel's word on who connected (SO_PEERCRED); for a TCP client, its address
+    and the common name of its verified certificate."""
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family == socket.AF_UNIX:
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEER_CREDENTIALS.size)
         pid, uid, gid = _PEER_CREDENTIALS.unpack(raw)
         return Peer(pid, uid, gid)
-    return Peer(None, None, None)
+    return Peer(
+        None, None, None, _address(transport), common_name(transport.get_extra_info("peercert"))
+    )
+
+
+def _address(transport: asyncio.BaseTransport) -> str:
+    """host:port of a TCP peer."""
+    peername = transport.get_extra_info("peername")
+    if isinstance(peername, tuple) and len(peername) >= 2:
+        host = str(peername[0])
+        return f"[{host}]:{peername[1]}" if ":" in host else f"{host}:{peername[1]}"
+    return str(peername)
 
 
 def _target_name(body: bytes) -> str | None:
@@ -555,7 +654,10 @@ class _FrameConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.client = ""
+        self.peer = Peer(None, None, None)
         self.grant: Grant | None = None
+        # A TCP client of an agent with tokens, until its AUTH is accepted: nothing else is.
+        self.unauthenticated = False
         self.decoder = FrameDecoder(server.max_frame)
         self.started = False
         self.closing = False
@@ -574,9 +676,12 @@ class _FrameConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport; uvloop's do not derive from asyncio.Transport.
         self.transport = cast(asyncio.Transport, transport)
-        peer = _peer(self.transport)
+        self.peer = peer = _peer(self.transport)
         self.client = _client_name(self.transport, peer)
-        self.grant = self.server.peer_rules.grant(peer)
+        rules = self.server.peer_rules
+        self.unauthenticated = rules.tokens and peer.uid is None
+        if not self.unauthenticated:
+            self.grant = rules.grant(peer)
         self.server._connections.add(self)
         self.timer = self.loop.call_later(self.server.frame_timeout_s, self._silent)
 
@@ -620,6 +725,11 @@ class _FrameConnection(asyncio.Protocol):
             self._close_after(encode_error(0, Status.MALFORMED, str(exc)))
             return
         answers = []
+        if self.unauthenticated and frames:
+            accepted = self._authenticate(frames.pop(0))
+            if accepted is None:
+                return
+            answers.append(accepted)
         for frame in frames:
             answer = self._answer(frame)
             if answer is not None:
@@ -636,6 +746,24 @@ class _FrameConnection(asyncio.Protocol):
             self.timer = None
 
     # ---- requests ---------------------------------------------------------------------
+
+    def _authenticate(self, frame: Frame) -> bytes | None:
+        """AUTH_RESULT for an AUTH with a token a rule knows; anything else is refused
+        and the connection closed (None)."""
+        token = frame.body if frame.type is FrameType.AUTH else None
+        peer = self.server.authenticate(self.peer, token)
+        if peer is None:
+            refusal = (
+                f"this agent takes a token first (AUTH), not {frame.type.name}"
+                if token is None
+                else "the agent knows no such token"
+            )
+            self._close_after(encode_error(frame.request_id, Status.FORBIDDEN, refusal))
+            return None
+        self.peer = peer
+        self.grant = self.server.peer_rules.grant(peer)
+        self.unauthenticated = False
+        return encode_frame(FrameType.AUTH_RESULT, frame.request_id, b"")
 
     def _answer(self, frame: Frame) -> bytes | None:
         """The answer to write now, or None when it comes later (pool, quota delay)."""
@@ -773,7 +901,8 @@ class _FrameConnection(asyncio.Protocol):
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
         writer = asyncio.StreamWriter(transport, protocol, reader, self.loop)
-        self.server.serve_http(first, reader, writer, self.client, self.grant)
+        peer = _HttpPeer(self.server, self.peer, self.grant, self.client, self.unauthenticated)
+        self.server.serve_http(first, reader, writer, self.client, peer)
 
     async def finish(self) -> None:
         """For the agent's stop: let the requests in the pool be answered, then close."""
@@ -787,3 +916,77 @@ class _FrameConnection(asyncio.Protocol):
     def _settle_drained(self) -> None:
         if self.drained is not None and not self.drained.done():
             self.drained.set_result(None)
+
+
+class _HttpPeer:
+    """The client of an HTTP connection: its grant, decided (when the agent takes tokens
+    on TCP) by each request's `Authorization: Bearer` token."""
+
+    def __init__(
+        self,
+        server: AgentServer,
+        peer: Peer,
+        grant: Grant | None,
+        client: str,
+        needs_token: bool,
+    ) -> None:
+        self.server = server
+        self.peer = peer
+        self.grant = grant
+        self.client = client
+        self.needs_token = needs_token
+
+    async def send(self, request: SendRequest | PublishRequest) -> list[EventResult]:
+        return await self.server.send(request, self.client, self.grant)
+
+    def authenticate(self, authorization: bytes | None) -> bool:
+        """Whether the request's Authorization header holds a token a rule knows; the
+        grant is that token's from here on."""
+        scheme, _, token = (authorization or b"").partition(b" ")
+        token = token.strip()
+        peer = self.server.authenticate(
+            self.peer, token if scheme.lower() == b"bearer" and token else None
+        )
+        if peer is None:
+            return False
+        if self.grant is None or peer.token_digest != self.peer.token_digest:
+            self.grant = self.server.peer_rules.grant(peer)
+        self.peer = peer
+        return True
+
+
+class _Handshake(asyncio.Protocol):
+    """A connection of the TLS listener until its handshake is over, then handed to its
+    _FrameConnection with whatever arrived in between (the client may send its first
+    frame in the same flight as the end of its handshake)."""
+
+    def __init__(self, server: AgentServer) -> None:
+        self.server = server
+        self.early = bytearray()
+        self.eof = False
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        stream = cast(asyncio.Transport, transport)
+        stream.pause_reading()  # the handshake reads from here on
+        self.server.start_tls(stream, self)
+
+    def data_received(self, data: bytes) -> None:
+        self.early += data
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+
+    def hand_over(self, transport: asyncio.Transport, connection: _FrameConnection) -> None:
+        transport.set_protocol(connection)
+        connection.connection_made(transport)
+        if self.early:
+            connection.data_received(bytes(self.early))
+        if self.lost:
+            connection.connection_lost(None)
+        elif self.eof and not connection.eof_received():
+            transport.close()

@@ -20,6 +20,7 @@ from eventspool.agent.config import AgentConfig, ConfigError
 from eventspool.agent.quotas import Quotas
 from eventspool.agent.server import AgentServer
 from eventspool.agent.systemd import notify
+from eventspool.agent.tls import TlsFileError, server_context
 from eventspool.errors import EventspoolError
 from eventspool.spool.api import Spool
 
@@ -57,6 +58,10 @@ def adopt(directory: Path, config: AgentConfig, stop: threading.Event) -> None:
 
 
 async def serve(config: AgentConfig, spool: Spool, adopted: Sequence[Path] = ()) -> None:
+    try:
+        tls = None if config.tls is None else server_context(config.tls)
+    except TlsFileError as exc:  # changed since the configuration was checked
+        raise ConfigError(f"{exc.key}: {exc}", key=exc.key) from exc
     server = AgentServer(
         spool,
         config.socket_path,
@@ -65,6 +70,7 @@ async def serve(config: AgentConfig, spool: Spool, adopted: Sequence[Path] = ())
         frame_timeout_s=config.frame_timeout_s,
         quotas=Quotas(config.quota_client_bytes_per_s, config.quota_topic_bytes_per_s),
         tcp_listen=_host_port(config.tcp_listen) if config.tcp_listen else None,
+        tls=tls,
         allow=AllowList(config.allowed_topics, config.allowed_exchanges),
         peer_rules=PeerRules(config.access),
     )
@@ -74,6 +80,8 @@ async def serve(config: AgentConfig, spool: Spool, adopted: Sequence[Path] = ())
         loop.add_signal_handler(signum, stop.set)
     await server.start()
     log.info("agent listening on %s", config.socket_path)
+    if config.tcp_listen:
+        log.info("and on TCP %s%s", config.tcp_listen, " with TLS" if tls else "")
     notify("READY=1", f"STATUS=listening on {config.socket_path}")
     stop_adopting = threading.Event()
     adopters = [

@@ -11,6 +11,11 @@ A broken connection fails the sends already written with AgentError (their outco
 unknown: the agent may have spooled them before it died); the sends not yet written
 stay queued and go out on the next connection, reconnecting with backoff. Every call
 gives up after `timeout` seconds with AgentError.
+
+"tcp://host:port" reaches the agent's TCP listener, as for `Client`: TLS with
+`ssl_context`, AUTH with `token`, and a connection used only once the agent answered its
+AUTH (or a PING). A refusal fails the calls queued then: ForbiddenError for the token,
+AgentError for TLS or a hang-up.
 """
 
 from __future__ import annotations
@@ -19,12 +24,12 @@ import asyncio
 import contextlib
 import json
 import os
+import ssl
 import time
 import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -36,6 +41,7 @@ from eventspool.agent.protocol import (
     FrameType,
     ProtocolError,
     RoutedEvent,
+    Status,
     WireEvent,
     decode_error,
     decode_send_result,
@@ -46,14 +52,18 @@ from eventspool.agent.protocol import (
 from eventspool.client.common import (
     BatchEvent,
     Outcome,
+    Target,
+    hangup_hint,
+    parse_target,
     routed_wire_event,
     split_batch_event,
+    tls_failure,
     wire_event,
     wire_size,
 )
 from eventspool.client.sync import AgentError, raise_for
 from eventspool.envelope import HeadersInput
-from eventspool.errors import EventspoolError, InvalidEventError
+from eventspool.errors import EventspoolError, ForbiddenError, InvalidEventError
 
 __all__ = ["AgentError", "AsyncClient"]
 
@@ -101,11 +111,11 @@ class _Connection:
     """One stream to the agent and the requests written on it that await an answer."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_frame: int
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, decoder: FrameDecoder
     ) -> None:
         self.reader = reader
         self.writer = writer
-        self.decoder = FrameDecoder(max_frame)
+        self.decoder = decoder
         self.in_flight: dict[int, _Request] = {}
         self.closed = False
         self.answered = False
@@ -137,13 +147,17 @@ class AsyncClient:
 
     def __init__(
         self,
-        socket_path: str | os.PathLike[str],
+        target: str | os.PathLike[str],
         *,
         timeout: float = 10.0,
         max_batch: int = 1000,
         linger_s: float = 0.0,
         reconnect_backoff_s: float = 0.05,
+        ssl_context: ssl.SSLContext | None = None,
+        token: str | None = None,
     ) -> None:
+        """`target`: the agent's unix socket path, or "tcp://host:port" for its TCP
+        listener, with `ssl_context` and `token` as for `Client`."""
         if timeout <= 0:
             raise ValueError(f"timeout={timeout}: must be positive")
         if max_batch < 1:
@@ -152,7 +166,8 @@ class AsyncClient:
             raise ValueError(f"linger_s={linger_s}: must not be negative")
         if reconnect_backoff_s <= 0:
             raise ValueError(f"reconnect_backoff_s={reconnect_backoff_s}: must be positive")
-        self.socket_path = Path(socket_path)
+        self._target: Target = parse_target(target, ssl_context, token)
+        self.target = self._target.text
         self.timeout = timeout
         self.max_batch = max_batch
         self.linger_s = linger_s
@@ -253,9 +268,9 @@ class AsyncClient:
         try:
             stats = json.loads(body)
         except ValueError as exc:
-            raise AgentError(f"agent at {self.socket_path}: STATS is not JSON: {exc}") from None
+            raise AgentError(f"agent at {self.target}: STATS is not JSON: {exc}") from None
         if not isinstance(stats, dict):
-            raise AgentError(f"agent at {self.socket_path}: STATS is not a JSON object")
+            raise AgentError(f"agent at {self.target}: STATS is not a JSON object")
         return stats
 
     async def close(self) -> None:
@@ -280,7 +295,7 @@ class AsyncClient:
             self._writer_task.cancel()
             await asyncio.gather(self._writer_task, return_exceptions=True)
         for item in self._pending:
-            _fail(item.future, AgentError(f"agent at {self.socket_path}: the client was closed"))
+            _fail(item.future, AgentError(f"agent at {self.target}: the client was closed"))
         self._pending.clear()
         connection = self._connection
         if connection is not None:
@@ -306,7 +321,7 @@ class AsyncClient:
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         """The loop this client is bound to; its writer task starts with the first call."""
         if self._closed:
-            raise AgentError(f"agent at {self.socket_path}: the client is closed")
+            raise AgentError(f"agent at {self.target}: the client is closed")
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
@@ -335,7 +350,7 @@ class AsyncClient:
             raise AgentError(self._timeout_message(item)) from None
 
     def _timeout_message(self, item: _Item) -> str:
-        where = f"agent at {self.socket_path}"
+        where = f"agent at {self.target}"
         if item.written:
             return (
                 f"{where}: no answer within {self.timeout} s; the outcome is unknown: "
@@ -372,17 +387,75 @@ class AsyncClient:
                     self._connect_error = f"cannot connect to the agent: {reason}"
                     self._back_off()
                     continue
+                except EventspoolError as exc:  # refused: TLS, the token
+                    for item in self._pending:
+                        _fail(item.future, exc)
+                    self._pending.clear()
+                    self._back_off()
+                    continue
                 self._connect_error = None
             await self._write_batch(connection)
+
+    async def _greet(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, decoder: FrameDecoder
+    ) -> None:
+        """AUTH with the token (or else a PING), answered before anything else is sent."""
+        target = self._target
+        where = f"agent at {self.target}"
+        request_id = self._next_id()
+        if target.token is not None:
+            asked, expected = FrameType.AUTH, FrameType.AUTH_RESULT
+        else:
+            asked, expected = FrameType.PING, FrameType.PONG
+        try:
+            writer.write(encode_frame(asked, request_id, target.token or b""))
+            frames: list[Frame] = []
+            while not frames:
+                data = await reader.read(_READ_SIZE)
+                if not data:
+                    raise ConnectionResetError
+                frames = decoder.feed(data)
+        except ConnectionResetError:  # an end of file, or a reset if our bytes were unread
+            hint = hangup_hint(tls=target.ssl_context is not None)
+            raise AgentError(f"{where}: the agent closed the connection at once{hint}") from None
+        except ssl.SSLError as exc:
+            raise AgentError(f"{where}: {tls_failure(exc)}") from None
+        except (OSError, ProtocolError) as exc:
+            raise AgentError(f"{where}: {exc}") from None
+        frame = frames[0]
+        if frame.type is expected and frame.request_id == request_id:
+            return
+        if frame.type is FrameType.ERROR:
+            refusal = decode_error(frame.body)
+            error = ForbiddenError if refusal.status is Status.FORBIDDEN else AgentError
+            raise error(f"{where}: {refusal.text}")
+        raise AgentError(f"{where}: a {frame.type.name} frame answered {asked.name}")
 
     def _back_off(self) -> None:
         """Wait longer before each new attempt, up to a second, while the agent stays away."""
         self._backoff = min(max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S)
 
     async def _connect(self) -> _Connection:
+        """A new connection; raises OSError while the agent cannot be reached (the writer
+        tries again), AgentError or ForbiddenError when it refuses this client."""
+        target = self._target
+        decoder = FrameDecoder(max(self.max_frame_bytes, DEFAULT_MAX_FRAME))
         async with asyncio.timeout(self.timeout):
-            reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=_READ_SIZE)
-        connection = _Connection(reader, writer, max(self.max_frame_bytes, DEFAULT_MAX_FRAME))
+            if target.path is not None:
+                reader, writer = await asyncio.open_unix_connection(target.path, limit=_READ_SIZE)
+            else:
+                try:
+                    reader, writer = await asyncio.open_connection(
+                        target.host, target.port, ssl=target.ssl_context, limit=_READ_SIZE
+                    )
+                except ssl.SSLError as exc:
+                    raise AgentError(f"agent at {self.target}: {tls_failure(exc)}") from None
+                try:
+                    await self._greet(reader, writer, decoder)
+                except BaseException:
+                    writer.transport.abort()
+                    raise
+        connection = _Connection(reader, writer, decoder)
         connection.read_task = asyncio.get_running_loop().create_task(
             self._read_forever(connection), name="eventspool-reader"
         )
@@ -508,7 +581,7 @@ class AsyncClient:
             _resolve(control.future, frame.body)
         elif frame.type is FrameType.ERROR:
             text = decode_error(frame.body).text
-            _fail(control.future, AgentError(f"agent at {self.socket_path}: {text}"))
+            _fail(control.future, AgentError(f"agent at {self.target}: {text}"))
         else:
             raise ProtocolError(f"a {frame.type.name} frame answered {control.type.name}")
 
@@ -547,7 +620,7 @@ class AsyncClient:
         requests = list(connection.in_flight.values())
         connection.in_flight.clear()
         lost = (
-            f"agent at {self.socket_path}: the connection broke after the request was "
+            f"agent at {self.target}: the connection broke after the request was "
             f"written ({reason}); the outcome is unknown: it may or may not have been processed"
         )
         for request in requests:

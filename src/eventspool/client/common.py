@@ -1,4 +1,5 @@
-"""What both clients share: the argument checks of `send()` and the size of an event.
+"""What both clients share: where the agent is, the argument checks of `send()` and the
+size of an event.
 
 Checking on the caller's side means a bad argument fails its own call, never a batch
 written for other callers.
@@ -6,9 +7,13 @@ written for other callers.
 
 from __future__ import annotations
 
+import os
+import ssl
 import uuid
+from dataclasses import dataclass
 
 from eventspool.agent.protocol import EVENT_ID_SIZE, WireEvent
+from eventspool.agent.tls import openssl_text
 from eventspool.config import validate_topic
 from eventspool.envelope import HeadersInput, caller_event_id, normalize_headers
 from eventspool.errors import EventspoolError, InvalidEventError
@@ -147,3 +152,64 @@ def wire_size(event: WireEvent, routing_key: str | None = None) -> int:
     if event.event_id is not None:
         size += EVENT_ID_SIZE
     return size
+
+
+TCP_PREFIX = "tcp://"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where the agent listens: a unix socket `path`, or a TCP `host` and `port`, with the
+    TLS context and the token a TCP connection uses."""
+
+    text: str  # as the caller wrote it, for messages
+    path: str | None = None
+    host: str = ""
+    port: int = 0
+    ssl_context: ssl.SSLContext | None = None
+    token: bytes | None = None
+
+
+def parse_target(
+    target: str | os.PathLike[str], ssl_context: ssl.SSLContext | None, token: str | None
+) -> Target:
+    """A unix socket path, or "tcp://host:port" ("tcp://[::1]:7070" for IPv6).
+
+    Raises ValueError for a TCP address that does not parse, for TLS or a token on a unix
+    socket (its file permissions and the kernel's word on the peer decide there), and for
+    a token without TLS, which would cross the network in clear.
+    """
+    text = os.fspath(target)
+    if not text.startswith(TCP_PREFIX):
+        if ssl_context is not None or token is not None:
+            raise ValueError(
+                f"{text!r} is a unix socket path: ssl_context and token are for TCP "
+                f'targets ("{TCP_PREFIX}host:port")'
+            )
+        return Target(text, path=text)
+    host, sep, port = text.removeprefix(TCP_PREFIX).rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f'{text!r}: expected "{TCP_PREFIX}host:port" with a port in 1..65535')
+    raw_token = None
+    if token is not None:
+        if ssl_context is None:
+            raise ValueError("a token is sent only over TLS: give ssl_context too")
+        if not token:
+            raise ValueError("token must not be empty")
+        raw_token = token.encode()
+    return Target(text, None, host, int(port), ssl_context, raw_token)
+
+
+def hangup_hint(*, tls: bool) -> str:
+    """Why an agent may hang up on a new TCP connection without a word."""
+    if tls:
+        return " (one that asks for client certificates does so without one it trusts)"
+    return " (a TLS listener does so to a client without TLS: give ssl_context)"
+
+
+def tls_failure(exc: ssl.SSLError) -> str:
+    """A failed handshake or TLS record, with what to suspect."""
+    hint = "; is its listener without TLS?" if exc.reason == "WRONG_VERSION_NUMBER" else ""
+    return f"TLS failed: {openssl_text(exc)}{hint}"

@@ -24,6 +24,14 @@ At most `max_queued` of its events wait for an answer; a call over that waits fo
 A broken connection fails the requests written on it with AgentError (their outcome is
 unknown: the agent may have spooled them before it died); the next call reconnects,
 with backoff for as long as `timeout` allows.
+
+"tcp://host:port" reaches an agent's TCP listener, with TLS when given `ssl_context` and
+presenting `token` (AUTH) when given one. TLS runs on memory buffers over the same
+non-blocking socket, so writing and reading keep the scheme above. A TCP connection is
+used only once the agent answered its AUTH (or a PING): a refused certificate or token,
+or a plaintext client at a TLS listener, fails the calls that connect with the reason
+(ForbiddenError for a token, AgentError otherwise), never leaving a request of unknown
+outcome.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import json
 import os
 import select
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -42,7 +51,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from eventspool._core.native import decode_results
@@ -65,8 +73,12 @@ from eventspool.agent.protocol import (
 from eventspool.client.common import (
     BatchEvent,
     Outcome,
+    Target,
+    hangup_hint,
+    parse_target,
     routed_wire_event,
     split_batch_event,
+    tls_failure,
     wire_event,
     wire_size,
 )
@@ -221,12 +233,67 @@ _Request = list[_Waiting] | _Control
 _Target = tuple[str | None, str | None]
 
 
+class _Tls:
+    """TLS on memory buffers: the client writes and reads the socket itself, as without
+    TLS. The writer seals (under the writer role) and the reader opens; one lock keeps
+    them from using the TLS state at once."""
+
+    def __init__(self, context: ssl.SSLContext, host: str) -> None:
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_hostname=host)
+        self._lock = threading.Lock()
+
+    def handshake(self, sock: socket.socket) -> None:
+        """The handshake, on the connecting caller's blocking socket."""
+        while True:
+            try:
+                self._tls.do_handshake()
+            except ssl.SSLWantReadError:
+                sock.sendall(self._outgoing.read())
+                data = sock.recv(_READ_SIZE)
+                if not data:
+                    raise ConnectionResetError from None
+                self._incoming.write(data)
+            else:
+                sock.sendall(self._outgoing.read())
+                return
+
+    def seal(self, data: bytes) -> bytes:
+        """The records that carry `data`, and any the reader's work left to send."""
+        with self._lock:
+            view = memoryview(data)
+            while view:
+                view = view[self._tls.write(view) :]
+            return self._outgoing.read()
+
+    def open(self, data: bytes) -> bytes:
+        """What the whole records received so far carry; b"" until one is complete.
+
+        After the agent's close_notify there is nothing more to read (the socket's end
+        of file follows), but what came before it is returned.
+        """
+        with self._lock:
+            self._incoming.write(data)
+            parts = []
+            while True:
+                try:
+                    chunk = self._tls.read(_READ_SIZE)
+                except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                    break
+                if not chunk:  # the close_notify, once received
+                    break
+                parts.append(chunk)
+            return b"".join(parts)
+
+
 class _Connection:
     """One socket to the agent, what awaits an answer on it, and who reads it now."""
 
-    def __init__(self, sock: socket.socket, max_frame: int) -> None:
+    def __init__(self, sock: socket.socket, max_frame: int, tls: _Tls | None = None) -> None:
         self.sock = sock
         self.fd = sock.fileno()  # non-blocking: the socket has a timeout
+        self.tls = tls
         self.decoder = FrameDecoder(max_frame)
         self.in_flight: dict[int, _Request] = {}
         # SENDs and PUBLISHes in flight per target: an event for a busy target waits
@@ -259,21 +326,28 @@ def _encode(request_id: int, chunk: list[_Waiting]) -> bytes:
 class Client:
     def __init__(
         self,
-        socket_path: str | os.PathLike[str],
+        target: str | os.PathLike[str],
         *,
         timeout: float = 10.0,
         max_batch: int = 1000,
         max_queued: int = 100_000,
         reconnect_backoff_s: float = 0.05,
         max_frame_bytes: int = DEFAULT_MAX_FRAME,
+        ssl_context: ssl.SSLContext | None = None,
+        token: str | None = None,
     ) -> None:
+        """`target`: the agent's unix socket path, or "tcp://host:port" for its TCP
+        listener; there `ssl_context` turns TLS on (with a client certificate loaded into
+        it where the agent asks for one) and `token` is presented to an agent that takes
+        tokens."""
         if timeout <= 0:
             raise ValueError(f"timeout={timeout}: must be positive")
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch}: must be at least 1")
         if max_queued < 1:
             raise ValueError(f"max_queued={max_queued}: must be at least 1")
-        self.socket_path = Path(socket_path)
+        self._target: Target = parse_target(target, ssl_context, token)
+        self.target = self._target.text
         self.max_frame_bytes = max_frame_bytes
         self.timeout = timeout
         self.max_batch = max_batch
@@ -407,9 +481,9 @@ class Client:
         try:
             stats = json.loads(body)
         except ValueError as exc:
-            raise AgentError(f"agent at {self.socket_path}: STATS is not JSON: {exc}") from None
+            raise AgentError(f"agent at {self.target}: STATS is not JSON: {exc}") from None
         if not isinstance(stats, dict):
-            raise AgentError(f"agent at {self.socket_path}: STATS is not a JSON object")
+            raise AgentError(f"agent at {self.target}: STATS is not a JSON object")
         return stats
 
     def close(self) -> None:
@@ -418,7 +492,7 @@ class Client:
             self._closed = True
             connection = self._connection
         pending = _take(self._pending, len(self._pending))
-        self._fail(pending, AgentError(f"agent at {self.socket_path}: the client was closed"))
+        self._fail(pending, AgentError(f"agent at {self.target}: the client was closed"))
         if connection is not None:
             self._drop(connection, "the client was closed")
             if connection.reader is not threading.current_thread():
@@ -460,7 +534,7 @@ class Client:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise AgentError(
-                    f"agent at {self.socket_path}: no answer within {self.timeout} s; the "
+                    f"agent at {self.target}: no answer within {self.timeout} s; the "
                     "outcome is unknown: the request may or may not have been processed"
                 )
             connection = self._take_reading()
@@ -489,7 +563,7 @@ class Client:
         a write and a wake-up. The agent answers one target's requests in order anyway.
         """
         if self._closed:
-            raise AgentError(f"agent at {self.socket_path}: the client is closed")
+            raise AgentError(f"agent at {self.target}: the client is closed")
         self._pending.extend(items)
         connection = self._connection
         if connection is not None:
@@ -519,15 +593,21 @@ class Client:
             if not batch:
                 return
             if self._closed:  # queued just before close(); a closed client connects no more
-                self._fail(batch, AgentError(f"agent at {self.socket_path}: the client was closed"))
+                self._fail(batch, AgentError(f"agent at {self.target}: the client was closed"))
                 continue
             try:
                 connection = self._connect()
             except OSError as exc:
                 reason = exc.strerror or str(exc) or type(exc).__name__
-                self._fail(batch, AgentError(f"agent at {self.socket_path}: {reason}"))
+                self._fail(batch, AgentError(f"agent at {self.target}: {reason}"))
                 continue
-            data = connection.unsent + self._frames(connection, batch)
+            except EventspoolError as exc:  # refused: TLS, the token
+                self._fail(batch, exc)
+                continue
+            frames = self._frames(connection, batch)
+            if connection.tls is not None:
+                frames = connection.tls.seal(frames)
+            data = connection.unsent + frames
             connection.unsent = b""
             self._write_waiting(connection, data)
 
@@ -555,7 +635,10 @@ class Client:
                 if connection.closed or self._connection is not connection:
                     return  # queued events go out on the next connection, by a caller
                 batch = _take(self._pending, _READER_BATCHES * self.max_batch)
-                data = connection.unsent + (self._frames(connection, batch) if batch else b"")
+                frames = self._frames(connection, batch) if batch else b""
+                if frames and connection.tls is not None:
+                    frames = connection.tls.seal(frames)
+                data = connection.unsent + frames
                 written = _write_now(connection, data)
                 connection.unsent = data[written:]
                 if connection.unsent:
@@ -633,22 +716,30 @@ class Client:
         while True:
             if self._backoff > 0:
                 time.sleep(self._backoff)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(self.timeout)
             try:
-                sock.connect(str(self.socket_path))
+                sock = self._open_socket()
             except OSError as exc:
-                sock.close()
                 self._backoff = min(
                     max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S
                 )
                 if time.monotonic() + self._backoff > deadline:
                     raise OSError(
-                        exc.errno, f"cannot connect to the agent: {exc.strerror}"
+                        exc.errno, f"cannot connect to the agent: {exc.strerror or exc}"
                     ) from exc
                 continue
             break
-        connection = _Connection(sock, max(self.max_frame_bytes, DEFAULT_MAX_FRAME))
+        max_frame = max(self.max_frame_bytes, DEFAULT_MAX_FRAME)
+        if self._target.path is not None:
+            connection = _Connection(sock, max_frame)
+        else:
+            try:
+                connection = self._greet(sock, max_frame)
+            except EventspoolError:
+                sock.close()
+                self._backoff = min(
+                    max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S
+                )
+                raise
         reader = threading.Thread(
             target=self._read_in_background,
             args=(connection,),
@@ -660,6 +751,62 @@ class Client:
             self._connection = connection
         reader.start()
         return connection
+
+    def _open_socket(self) -> socket.socket:
+        target = self._target
+        if target.path is None:
+            sock = socket.create_connection((target.host, target.port), timeout=self.timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(target.path)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _greet(self, sock: socket.socket, max_frame: int) -> _Connection:
+        """The TLS handshake, then AUTH with the token (or else a PING), answered before
+        anything is sent: raises ForbiddenError for a refused token, AgentError when TLS
+        fails or the agent hangs up."""
+        target = self._target
+        where = f"agent at {self.target}"
+        tls = None if target.ssl_context is None else _Tls(target.ssl_context, target.host)
+        connection = _Connection(sock, max_frame, tls)
+        request_id = self._next_id()
+        if target.token is not None:
+            asked, expected = FrameType.AUTH, FrameType.AUTH_RESULT
+        else:
+            asked, expected = FrameType.PING, FrameType.PONG
+        greeting = encode_frame(asked, request_id, target.token or b"")
+        try:
+            if tls is not None:
+                tls.handshake(sock)
+                greeting = tls.seal(greeting)
+            sock.sendall(greeting)
+            frames: list[Frame] = []
+            while not frames:
+                data = sock.recv(_READ_SIZE)
+                if not data:
+                    raise ConnectionResetError
+                frames = connection.decoder.feed(data if tls is None else tls.open(data))
+        except ConnectionResetError:  # an end of file, or a reset if our bytes were unread
+            hint = hangup_hint(tls=tls is not None)
+            raise AgentError(f"{where}: the agent closed the connection at once{hint}") from None
+        except ssl.SSLError as exc:
+            raise AgentError(f"{where}: {tls_failure(exc)}") from None
+        except (OSError, ProtocolError) as exc:
+            raise AgentError(f"{where}: {exc}") from None
+        frame = frames[0]
+        if frame.type is expected and frame.request_id == request_id:
+            return connection
+        if frame.type is FrameType.ERROR:
+            refusal = decode_error(frame.body)
+            error = ForbiddenError if refusal.status is Status.FORBIDDEN else AgentError
+            raise error(f"{where}: {refusal.text}")
+        raise AgentError(f"{where}: a {frame.type.name} frame answered {asked.name}")
 
     # ---- reading: a waiting caller, or the reader thread ---------------------------------
 
@@ -708,6 +855,8 @@ class Client:
                 if not data:
                     reason = "the agent closed the connection"
                     break
+                if connection.tls is not None:
+                    data = connection.tls.open(data)
                 connection.reader_busy = True
                 for frame in connection.decoder.feed(data):
                     self._answer(connection, frame)
@@ -754,7 +903,7 @@ class Client:
                 request.reply.set(0, "")
             elif frame.type is FrameType.ERROR:
                 text = decode_error(frame.body).text
-                request.reply.set(0, AgentError(f"agent at {self.socket_path}: {text}"))
+                request.reply.set(0, AgentError(f"agent at {self.target}: {text}"))
             else:
                 raise ProtocolError(f"a {frame.type.name} frame answered {request.type.name}")
             return
@@ -798,14 +947,14 @@ class Client:
             connection.sock.shutdown(socket.SHUT_RDWR)
         connection.sock.close()
         lost = AgentError(
-            f"agent at {self.socket_path}: the connection broke after the request was "
+            f"agent at {self.target}: the connection broke after the request was "
             f"written ({reason}); the outcome is unknown: it may or may not have been processed"
         )
         for request in requests:
             self._fail([request] if isinstance(request, _Control) else request, lost)
 
     @staticmethod
-    def _fail(items: Iterable[_Waiting | _Control], error: AgentError | InvalidEventError) -> None:
+    def _fail(items: Iterable[_Waiting | _Control], error: EventspoolError) -> None:
         for item in items:
             if isinstance(item, _Control):
                 item.reply.set(0, error)
