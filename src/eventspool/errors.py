@@ -32,6 +32,10 @@ class SpoolBudgetError(SpoolFullError):
     `max_topics`; the queues that exist keep working."""
 
 
+class AgentError(EventspoolError):
+    """The agent could not be reached, or failed in a way that is not the event's fault."""
+
+
 class ForbiddenError(EventspoolError):
     """The agent's access rules do not allow this topic or exchange."""
 

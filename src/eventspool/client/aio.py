@@ -41,7 +41,6 @@ from eventspool.agent.protocol import (
     FrameType,
     ProtocolError,
     RoutedEvent,
-    Status,
     WireEvent,
     decode_error,
     decode_send_result,
@@ -51,19 +50,19 @@ from eventspool.agent.protocol import (
 )
 from eventspool.client.common import (
     BatchEvent,
+    Greeting,
     Outcome,
     Target,
-    hangup_hint,
+    greeting_failure,
     parse_target,
     routed_wire_event,
     split_batch_event,
-    tls_failure,
     wire_event,
     wire_size,
 )
 from eventspool.client.sync import AgentError, raise_for
 from eventspool.envelope import HeadersInput
-from eventspool.errors import EventspoolError, ForbiddenError, InvalidEventError
+from eventspool.errors import EventspoolError, InvalidEventError
 
 __all__ = ["AgentError", "AsyncClient"]
 
@@ -402,34 +401,18 @@ class AsyncClient:
         """AUTH with the token (or else a PING), answered before anything else is sent."""
         target = self._target
         where = f"agent at {self.target}"
-        request_id = self._next_id()
-        if target.token is not None:
-            asked, expected = FrameType.AUTH, FrameType.AUTH_RESULT
-        else:
-            asked, expected = FrameType.PING, FrameType.PONG
+        greeting = Greeting.for_target(target, self._next_id())
         try:
-            writer.write(encode_frame(asked, request_id, target.token or b""))
+            writer.write(greeting.frame)
             frames: list[Frame] = []
             while not frames:
                 data = await reader.read(_READ_SIZE)
                 if not data:
                     raise ConnectionResetError
                 frames = decoder.feed(data)
-        except ConnectionResetError:  # an end of file, or a reset if our bytes were unread
-            hint = hangup_hint(tls=target.ssl_context is not None)
-            raise AgentError(f"{where}: the agent closed the connection at once{hint}") from None
-        except ssl.SSLError as exc:
-            raise AgentError(f"{where}: {tls_failure(exc)}") from None
-        except (OSError, ProtocolError) as exc:
-            raise AgentError(f"{where}: {exc}") from None
-        frame = frames[0]
-        if frame.type is expected and frame.request_id == request_id:
-            return
-        if frame.type is FrameType.ERROR:
-            refusal = decode_error(frame.body)
-            error = ForbiddenError if refusal.status is Status.FORBIDDEN else AgentError
-            raise error(f"{where}: {refusal.text}")
-        raise AgentError(f"{where}: a {frame.type.name} frame answered {asked.name}")
+        except (OSError, ProtocolError) as exc:  # ssl.SSLError and resets are OSErrors
+            raise greeting_failure(exc, where, tls=target.ssl_context is not None) from None
+        greeting.check(frames[0], where)
 
     def _back_off(self) -> None:
         """Wait longer before each new attempt, up to a second, while the agent stays away."""
@@ -449,7 +432,7 @@ class AsyncClient:
                         target.host, target.port, ssl=target.ssl_context, limit=_READ_SIZE
                     )
                 except ssl.SSLError as exc:
-                    raise AgentError(f"agent at {self.target}: {tls_failure(exc)}") from None
+                    raise greeting_failure(exc, f"agent at {self.target}", tls=True) from None
                 try:
                     await self._greet(reader, writer, decoder)
                 except BaseException:

@@ -12,11 +12,19 @@ import ssl
 import uuid
 from dataclasses import dataclass
 
-from eventspool.agent.protocol import EVENT_ID_SIZE, WireEvent
+from eventspool.agent.protocol import (
+    EVENT_ID_SIZE,
+    Frame,
+    FrameType,
+    Status,
+    WireEvent,
+    decode_error,
+    encode_frame,
+)
 from eventspool.agent.tls import openssl_text
 from eventspool.config import validate_topic
 from eventspool.envelope import HeadersInput, caller_event_id, normalize_headers
-from eventspool.errors import EventspoolError, InvalidEventError
+from eventspool.errors import AgentError, EventspoolError, ForbiddenError, InvalidEventError
 from eventspool.routing.exchanges import validate_routing_key
 
 #: What `send_many()` takes per event: a value, or (value, key), (value, key, headers) or
@@ -202,14 +210,50 @@ def parse_target(
     return Target(text, None, host, int(port), ssl_context, raw_token)
 
 
-def hangup_hint(*, tls: bool) -> str:
+@dataclass(frozen=True, slots=True)
+class Greeting:
+    """The first request on a TCP connection, answered before any event is sent: AUTH
+    with the token, or else a PING. A refusal then fails the connection, not a send whose
+    outcome would be unknown."""
+
+    request_id: int
+    asked: FrameType
+    expected: FrameType
+    frame: bytes
+
+    @classmethod
+    def for_target(cls, target: Target, request_id: int) -> Greeting:
+        if target.token is not None:
+            asked, expected = FrameType.AUTH, FrameType.AUTH_RESULT
+        else:
+            asked, expected = FrameType.PING, FrameType.PONG
+        return cls(
+            request_id, asked, expected, encode_frame(asked, request_id, target.token or b"")
+        )
+
+    def check(self, answer: Frame, where: str) -> None:
+        """Raise ForbiddenError for a refused token, AgentError for any other answer."""
+        if answer.type is self.expected and answer.request_id == self.request_id:
+            return
+        if answer.type is FrameType.ERROR:
+            refusal = decode_error(answer.body)
+            error = ForbiddenError if refusal.status is Status.FORBIDDEN else AgentError
+            raise error(f"{where}: {refusal.text}")
+        raise AgentError(f"{where}: a {answer.type.name} frame answered {self.asked.name}")
+
+
+def greeting_failure(exc: Exception, where: str, *, tls: bool) -> AgentError:
+    """What a greeting that broke off means: a hang-up, a TLS failure, a broken frame."""
+    if isinstance(exc, ConnectionResetError):  # an end of file, or a reset of unread bytes
+        return AgentError(f"{where}: the agent closed the connection at once{_hangup_hint(tls)}")
+    if isinstance(exc, ssl.SSLError):
+        hint = "; is its listener without TLS?" if exc.reason == "WRONG_VERSION_NUMBER" else ""
+        return AgentError(f"{where}: TLS failed: {openssl_text(exc)}{hint}")
+    return AgentError(f"{where}: {exc}")
+
+
+def _hangup_hint(tls: bool) -> str:
     """Why an agent may hang up on a new TCP connection without a word."""
     if tls:
         return " (one that asks for client certificates does so without one it trusts)"
     return " (a TLS listener does so to a client without TLS: give ssl_context)"
-
-
-def tls_failure(exc: ssl.SSLError) -> str:
-    """A failed handshake or TLS record, with what to suspect."""
-    hint = "; is its listener without TLS?" if exc.reason == "WRONG_VERSION_NUMBER" else ""
-    return f"TLS failed: {openssl_text(exc)}{hint}"

@@ -72,19 +72,20 @@ from eventspool.agent.protocol import (
 )
 from eventspool.client.common import (
     BatchEvent,
+    Greeting,
     Outcome,
     Target,
-    hangup_hint,
+    greeting_failure,
     parse_target,
     routed_wire_event,
     split_batch_event,
-    tls_failure,
     wire_event,
     wire_size,
 )
 from eventspool.client.future import LazyFuture
 from eventspool.envelope import HeadersInput
 from eventspool.errors import (
+    AgentError,
     EventspoolError,
     EventTooLargeError,
     ForbiddenError,
@@ -97,11 +98,9 @@ from eventspool.errors import (
     UnroutableError,
 )
 
+__all__ = ["AgentError", "Client"]
+
 _SEND_OVERHEAD = 9 + 2 + 4  # frame header, topic length, event count
-
-
-class AgentError(EventspoolError):
-    """The agent could not be reached, or failed in a way that is not the event's fault."""
 
 
 _ERRORS: Mapping[Status, type[EventspoolError]] = {
@@ -775,38 +774,23 @@ class Client:
         where = f"agent at {self.target}"
         tls = None if target.ssl_context is None else _Tls(target.ssl_context, target.host)
         connection = _Connection(sock, max_frame, tls)
-        request_id = self._next_id()
-        if target.token is not None:
-            asked, expected = FrameType.AUTH, FrameType.AUTH_RESULT
-        else:
-            asked, expected = FrameType.PING, FrameType.PONG
-        greeting = encode_frame(asked, request_id, target.token or b"")
+        greeting = Greeting.for_target(target, self._next_id())
         try:
+            data = greeting.frame
             if tls is not None:
                 tls.handshake(sock)
-                greeting = tls.seal(greeting)
-            sock.sendall(greeting)
+                data = tls.seal(data)
+            sock.sendall(data)
             frames: list[Frame] = []
             while not frames:
                 data = sock.recv(_READ_SIZE)
                 if not data:
                     raise ConnectionResetError
                 frames = connection.decoder.feed(data if tls is None else tls.open(data))
-        except ConnectionResetError:  # an end of file, or a reset if our bytes were unread
-            hint = hangup_hint(tls=tls is not None)
-            raise AgentError(f"{where}: the agent closed the connection at once{hint}") from None
-        except ssl.SSLError as exc:
-            raise AgentError(f"{where}: {tls_failure(exc)}") from None
-        except (OSError, ProtocolError) as exc:
-            raise AgentError(f"{where}: {exc}") from None
-        frame = frames[0]
-        if frame.type is expected and frame.request_id == request_id:
-            return connection
-        if frame.type is FrameType.ERROR:
-            refusal = decode_error(frame.body)
-            error = ForbiddenError if refusal.status is Status.FORBIDDEN else AgentError
-            raise error(f"{where}: {refusal.text}")
-        raise AgentError(f"{where}: a {frame.type.name} frame answered {asked.name}")
+        except (OSError, ProtocolError) as exc:  # ssl.SSLError and resets are OSErrors
+            raise greeting_failure(exc, where, tls=tls is not None) from None
+        greeting.check(frames[0], where)
+        return connection
 
     # ---- reading: a waiting caller, or the reader thread ---------------------------------
 
