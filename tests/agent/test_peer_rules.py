@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eventspool._core.native import decode_results
-from eventspool.agent.access import Peer, PeerRule, PeerRules
+from eventspool.agent.access import Grant, Peer, PeerRule, PeerRules
 from eventspool.agent.config import ConfigError, load_agent_config
 from eventspool.agent.protocol import (
     FrameDecoder,
@@ -57,6 +57,12 @@ def test_a_grant_is_never_more_than_the_union_of_the_matching_rules(
         return
     assert grant is not None
     matching = [rule for rule in rules if uid in rule.uids or gid in rule.gids]
+    assert_grant_is_the_union(grant, matching, name)
+
+
+def assert_grant_is_the_union(grant: Grant, matching: list[PeerRule], name: str) -> None:
+    """`name` is allowed, as a topic and as an exchange, exactly when one of the matching
+    rules has a pattern for it, by fnmatch's own reading of the patterns."""
     for exchange in (False, True):
         granted = any(
             fnmatchcase(name, pattern)
