@@ -280,6 +280,47 @@ def test_sigkill_of_a_worker_mid_handler_retries_the_event_and_only_then_commits
     assert attempts == {event_id: [1] for event_id in ids if event_id != ids[5]}
 
 
+@pytest.mark.slow
+@pytest.mark.fault
+def test_sigkill_of_a_key_routed_worker_retries_what_it_did_not_report_in_key_order(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+) -> None:
+    """Key ordering: the victim's key has events after it, queued in the same worker.
+    After the kill, the victim runs again (attempt 2) before them, nothing is lost, and
+    the commit stays before the victim until then."""
+    topic = topic_factory(1)
+    values = [b"before"] * 5 + [b"victim"] + [b"after"] * 5
+    keys = [b"k%d" % (n % 3) for n in range(11)]
+    ids = produce(broker.bootstrap_servers, topic, values, keys=keys, partition=0)
+    out, started = tmp_path / "handled", tmp_path / "victim.pid"
+    consumer = make_consumer(
+        broker,
+        topic,
+        functools.partial(hang_on_victim, out, started),
+        workers=1,
+        commit_every_n=1,
+        commit_every_s=0.1,
+        retry_backoff_s=0.05,
+    )
+    with consumer:
+        wait_for(started.exists, 30, "the victim's handler to start")
+        time.sleep(0.5)
+        assert partition_0_committed(broker, consumer, topic) <= 5, "committed past the victim"
+        os.kill(int(started.read_text()), signal.SIGKILL)
+        wait_for(lambda: set(ids) <= handled(out).keys(), 30, "every event")
+        wait_for(
+            lambda: partition_0_committed(broker, consumer, topic) == 11,
+            10,
+            "a commit past the victim",
+        )
+        assert consumer.status().counters.worker_restarts == 1
+    attempts = handled_attempts(out)
+    assert attempts[ids[5]] == [2]
+    order = [line.split()[0] for line in _lines(out)]
+    victim_key = [ids[n] for n in range(5, 11) if keys[n] == keys[5]]
+    assert [order.index(i) for i in victim_key] == sorted(order.index(i) for i in victim_key)
+
+
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
