@@ -315,12 +315,30 @@ class _Parts:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
             self._conn.send(message)
 
+    def _start_reading(self, deliver: Callable[[Any], object]) -> None:
+        """Take transfers off the pipe as they come, on a thread of their own: the poll
+        thread never waits on a busy worker to hand one over, so it goes on reading the
+        worker's reports, and neither side can block the other for good."""
+        thread = threading.Thread(
+            target=self._read, args=(deliver,), name="eventspool-worker-read", daemon=True
+        )
+        thread.start()
+
+    def _read(self, deliver: Callable[[Any], object]) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                message = None
+            deliver(message)
+            if message is None:
+                return
+
 
 class _PlainWorker(_Parts):
-    """A plain function's worker: one event at a time. A reader thread takes transfers
-    off the pipe as they come, so the poll thread never waits to hand one over. Tasks
-    run whole, as they come; parts' events run in arrival order, except that a failed
-    event holds back its key's later ones until its retry settles."""
+    """A plain function's worker: one event at a time. Tasks run whole, as they come;
+    parts' events run in arrival order, except that a failed event holds back its key's
+    later ones until its retry settles."""
 
     def __init__(
         self,
@@ -342,7 +360,7 @@ class _PlainWorker(_Parts):
         self._timer_ids = itertools.count()
 
     def serve(self) -> None:
-        threading.Thread(target=self._read, name="eventspool-worker-read", daemon=True).start()
+        self._start_reading(self._inbox.put)
         flushed = time.monotonic()
         while (job := self._next()) is not None:
             self._run(job)
@@ -350,16 +368,6 @@ class _PlainWorker(_Parts):
             if now - flushed >= _REPORT_EVERY_S:
                 self._flush()
                 flushed = now
-
-    def _read(self) -> None:
-        while True:
-            try:
-                message = self._conn.recv()
-            except (EOFError, OSError):
-                message = None
-            self._inbox.put(message)
-            if message is None:
-                return
 
     def _next(self) -> _Job | None:
         """The next job to run (None: stop), taking in transfers and waiting as needed."""
@@ -471,16 +479,11 @@ class _AsyncWorker(_Parts):
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_reader(self._conn.fileno(), self._receive)
+        self._start_reading(lambda message: loop.call_soon_threadsafe(self._take, message))
         await asyncio.gather(*(self._runner() for _ in range(self._concurrency)))
 
-    def _receive(self) -> None:
-        try:
-            message = self._conn.recv()
-        except (EOFError, OSError):
-            message = None
+    def _take(self, message: Any) -> None:
         if message is None:
-            asyncio.get_running_loop().remove_reader(self._conn.fileno())
             for _ in range(self._concurrency):
                 self._ready.put_nowait(None)
         elif isinstance(message, Parts):
