@@ -164,9 +164,23 @@ def test_ranges_commit_only_below_the_first_unfinished_range(
         offsets.add_range(position, position + size)
         starts.append(position)
         position += size
+    ends = dict(zip(starts, [*starts[1:], position], strict=True))
     finished = data.draw(st.lists(st.sampled_from(starts), unique=True))
     for start in finished:
-        offsets.finish(start)
+        offsets.finish(start, ends[start])
     unfinished = [start for start in starts if start not in finished]
     assert offsets.committable() == (unfinished[0] if unfinished else position)
     assert not offsets.add(position - 1), "a refetch inside a range is stale"
+
+
+def test_a_forgotten_range_finishing_late_leaves_its_refetch_cut_differently_alone() -> None:
+    offsets = PartitionOffsets()
+    offsets.add_range(0, 10)
+    offsets.add_range(10, 20)
+    offsets.finish(0, 10)
+    offsets.forget_from(10)
+    offsets.add_range(10, 30)  # fetched again after the seek, in a larger chunk
+    offsets.finish(10, 20)  # the old chunk reports late: its events are not all of these
+    assert offsets.committable() == 10
+    offsets.finish(10, 30)
+    assert offsets.committable() == 30

@@ -26,7 +26,7 @@ class PartitionOffsets:
 
     def __init__(self, committed: int | None = None) -> None:
         self._outstanding: deque[tuple[int, int]] = deque()
-        self._done: set[int] = set()
+        self._done: set[tuple[int, int]] = set()
         self._committed = committed
         self._received_end: int | None = committed
 
@@ -43,28 +43,31 @@ class PartitionOffsets:
         return True
 
     def add_range(self, first: int, end: int) -> None:
-        """Track offsets [first, end), finished together by `finish(first)`; the caller
-        has checked that `first` is not below `received_end`."""
+        """Track offsets [first, end), finished together by `finish(first, end)`; the
+        caller has checked that `first` is not below `received_end`."""
         self._outstanding.append((first, end))
         self._received_end = end
 
-    def finish(self, first: int) -> None:
-        """Mark the range that starts at `first` done; a range not outstanding is a no-op."""
+    def finish(self, first: int, end: int | None = None) -> None:
+        """Mark the range [first, end) done (one offset without `end`). A range not
+        outstanding is a no-op: one forgotten and fetched again may come back cut
+        differently, and only the same range holds the same events."""
+        span = (first, first + 1 if end is None else end)
         outstanding = self._outstanding
         if not outstanding or first < outstanding[0][0]:
             return
-        if first == outstanding[0][0]:
+        if span == outstanding[0]:
             outstanding.popleft()
             done = self._done
-            while outstanding and outstanding[0][0] in done:
-                done.discard(outstanding.popleft()[0])
-        else:
-            self._done.add(first)
+            while outstanding and outstanding[0] in done:
+                done.discard(outstanding.popleft())
+        elif first > outstanding[0][0]:
+            self._done.add(span)
 
     def forget_from(self, offset: int) -> None:
         """Drop outstanding ranges from `offset` on: they will be fetched again after a seek."""
         while self._outstanding and self._outstanding[-1][0] >= offset:
-            self._done.discard(self._outstanding.pop()[0])
+            self._done.discard(self._outstanding.pop())
         self._received_end = offset
 
     @property

@@ -185,6 +185,7 @@ class _Chunk:
 
     state: _PartitionState
     first: int
+    end: int
     left: int
 
 
@@ -498,13 +499,13 @@ class Consumer:
 
     def _hand_over(self, run: _Run, transfers: list[list[PartWire]]) -> None:
         state = run.state
-        if state is None or not run.count:
+        if state is None or run.end is None or not run.count:
             return
-        state.offsets.add_range(run.first, run.end or run.first + 1)
+        state.offsets.add_range(run.first, run.end)
         state.held += run.count
         self._held += run.count
         self._counters.received += run.count
-        chunk = _Chunk(state, run.first, run.count)
+        chunk = _Chunk(state, run.first, run.end, run.count)
         now = time.monotonic()
         for worker, items in enumerate(run.buckets):
             if items:
@@ -693,7 +694,7 @@ class Consumer:
         self._policy.finished(count)
         chunk.left -= count
         if not chunk.left:
-            state.offsets.finish(chunk.first)
+            state.offsets.finish(chunk.first, chunk.end)
 
     def _worker_died(self, event: WorkerDied) -> None:
         self._counters.worker_restarts += 1
