@@ -75,6 +75,7 @@ DEAD_LETTER_HEADERS = (
 _IDLE_POLL_S = 0.1
 _BUSY_POLL_S = 0.002
 _MAX_CONSUME = 1000
+_REFILL_SHARE = 0.25
 _SNAPSHOT_EVERY_S = 0.25
 _BATCH_TARGET_S = 0.05
 _FORWARD_RETRY_S = 1.0
@@ -431,7 +432,12 @@ class Consumer:
             self._handle_pool_events(self._pool_events(_BUSY_POLL_S))
         else:
             busy = bool(self._tasks or self._parts or self._scheduler.waiting or self._forwards)
-            budget = max(1, min(_MAX_CONSUME, self._settings.max_buffered - self._held))
+            limit = self._settings.max_buffered
+            if self._parts and limit - self._held < limit * _REFILL_SHARE:
+                # Nearly full: let the workers' next reports free room first, so this
+                # poll takes a batch, not a trickle that costs a step and a transfer.
+                self._handle_pool_events(self._pool_events(_BUSY_POLL_S))
+            budget = max(1, min(_MAX_CONSUME, limit - self._held))
             self._take_in(self._kafka.consume(budget, _BUSY_POLL_S if busy else _IDLE_POLL_S))
             self._dispatch()
         self._service_forwards()
