@@ -3,13 +3,15 @@ reports the poll thread accounts by, and offset ranges finished as one."""
 
 from __future__ import annotations
 
+import asyncio
+import queue
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventspool.consumer.offsets import PartitionOffsets
-from eventspool.consumer.pool import Drop, Parts, Progress, _PlainWorker
+from eventspool.consumer.pool import Drop, Parts, Progress, _AsyncWorker, _PlainWorker
 from eventspool.consumer.record import RawRecord, Record
 from eventspool.consumer.scheduler import Ordering, worker_for
 from eventspool.consumer.settings import RetryPolicy
@@ -53,32 +55,13 @@ def _reports(pipe: _Pipe) -> list[Progress]:
     return [message for message in pipe.sent if isinstance(message, Progress)]
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    keys=st.lists(st.sampled_from([b"a", b"b", b"c", b"d"]), min_size=1, max_size=40),
-    failing=st.sets(st.integers(min_value=0, max_value=39)),
-    max_attempts=st.integers(min_value=1, max_value=3),
-    split=st.integers(min_value=0, max_value=40),
-)
-def test_a_worker_runs_each_keys_events_in_order_and_settles_each_once(
-    keys: list[bytes], failing: set[int], max_attempts: int, split: int
-) -> None:
-    """Events in `failing` fail every attempt: each is retried in place, holding back its
-    key's later events, then given up; every other event runs once, in its key's order."""
-    calls: list[Record] = []
+_KEYS = st.lists(st.sampled_from([b"a", b"b", b"c", b"d"]), min_size=1, max_size=40)
+_FAILING = st.sets(st.integers(min_value=0, max_value=39))
 
-    def handler(record: Record) -> None:
-        calls.append(record)
-        if record.offset in failing:
-            raise ValueError("fails")
 
-    worker, pipe = _worker(handler, max_attempts)
-    items = [_raw(offset, key) for offset, key in enumerate(keys)]
-    split = min(split, len(items))
-    worker._take(Parts([(0, "t", 0, items[:split], None)]))
-    worker._take(Parts([(1, "t", 0, items[split:], None)]))
-    _drain(worker)
-
+def _check(calls: list[Record], keys: list[bytes], failing: set[int], max_attempts: int) -> None:
+    """Events in `failing` failed every attempt, each retried in place (holding back its
+    key's later events), then given up; every other event ran once, in its key's order."""
     for key in set(keys):
         tried = [(r.offset, r.attempt) for r in calls if r.key == key]
         expected = [
@@ -88,28 +71,110 @@ def test_a_worker_runs_each_keys_events_in_order_and_settles_each_once(
             for attempt in range(1, (max_attempts if offset in failing else 1) + 1)
         ]
         assert tried == expected, f"key {key!r}"
-    settled: dict[tuple[int, int], str] = {}
-    sizes = {0: split, 1: len(items) - split}
-    for report in _reports(pipe):
+
+
+def _check_reports(
+    reports: list[Progress], keys: list[bytes], failing: set[int], max_attempts: int, split: int
+) -> None:
+    """Each event is settled once: finished, or given up after its last attempt."""
+    settled: dict[int, str] = {}
+    first_offset = {0: 0, 1: split}
+    for report in reports:
         for part, index, attempt, _failure, gave_up in report.failures:
             if gave_up:
                 assert attempt == max_attempts
-                assert (part, index) not in settled
-                settled[part, index] = "gave up"
+                assert first_offset[part] + index not in settled
+                settled[first_offset[part] + index] = "gave up"
         for part, indexes in report.finished:
-            done = indexes if indexes is not None else range(sizes[part])
-            for index in done:
-                if indexes is None and (part, index) in settled:
+            size = split if part == 0 else len(keys) - split
+            for index in range(size) if indexes is None else indexes:
+                offset = first_offset[part] + index
+                if indexes is None and settled.get(offset) == "gave up":
                     continue
-                assert (part, index) not in settled
-                settled[part, index] = "finished"
-    offset_of = {(0, i): i for i in range(split)} | {
-        (1, i): split + i for i in range(len(items) - split)
-    }
-    assert {offset_of[where]: how for where, how in settled.items()} == {
+                assert offset not in settled
+                settled[offset] = "finished"
+    assert settled == {
         offset: "gave up" if offset in failing else "finished" for offset in range(len(keys))
     }
-    assert sum(report.settled for report in _reports(pipe)) == len(keys)
+    assert sum(report.settled for report in reports) == len(keys)
+
+
+def _parts(keys: list[bytes], split: int) -> list[Parts]:
+    items = [_raw(offset, key) for offset, key in enumerate(keys)]
+    return [Parts([(0, "t", 0, items[:split], None)]), Parts([(1, "t", 0, items[split:], None)])]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=_KEYS,
+    failing=_FAILING,
+    max_attempts=st.integers(min_value=1, max_value=3),
+    split=st.integers(min_value=0, max_value=40),
+)
+def test_a_worker_runs_each_keys_events_in_order_and_settles_each_once(
+    keys: list[bytes], failing: set[int], max_attempts: int, split: int
+) -> None:
+    calls: list[Record] = []
+
+    def handler(record: Record) -> None:
+        calls.append(record)
+        if record.offset in failing:
+            raise ValueError("fails")
+
+    worker, pipe = _worker(handler, max_attempts)
+    split = min(split, len(keys))
+    for transfer in _parts(keys, split):
+        worker._take(transfer)
+    _drain(worker)
+    _check(calls, keys, failing, max_attempts)
+    _check_reports(_reports(pipe), keys, failing, max_attempts, split)
+
+
+class _AsyncPipe(_Pipe):
+    """Hands the worker its transfers, then a stop once it has settled `total` events."""
+
+    def __init__(self, transfers: list[Parts], total: int) -> None:
+        super().__init__()
+        self.total = total
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for transfer in transfers:
+            self.inbox.put(transfer)
+
+    def recv(self) -> Any:
+        return self.inbox.get()
+
+    def send(self, message: Any) -> None:
+        super().send(message)
+        if sum(report.settled for report in _reports(self)) == self.total:
+            self.inbox.put(None)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    keys=_KEYS,
+    failing=_FAILING,
+    max_attempts=st.integers(min_value=1, max_value=3),
+    split=st.integers(min_value=0, max_value=40),
+    concurrency=st.integers(min_value=1, max_value=4),
+)
+def test_an_async_worker_runs_each_keys_events_in_order_and_settles_each_once(
+    keys: list[bytes], failing: set[int], max_attempts: int, split: int, concurrency: int
+) -> None:
+    calls: list[Record] = []
+
+    async def handler(record: Record) -> None:
+        calls.append(record)
+        await asyncio.sleep(0)
+        if record.offset in failing:
+            raise ValueError("fails")
+
+    split = min(split, len(keys))
+    pipe = _AsyncPipe(_parts(keys, split), len(keys))
+    retry = RetryPolicy(max_attempts, 0.0, 0.0)
+    worker = _AsyncWorker(pipe, handler, Ordering.KEY, concurrency, retry)  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(worker.serve(), 10))
+    _check(calls, keys, failing, max_attempts)
+    _check_reports(_reports(pipe), keys, failing, max_attempts, split)
 
 
 def test_a_drop_forgets_held_and_queued_events_of_revoked_partitions_only() -> None:

@@ -115,11 +115,11 @@ class WorkerDied:
     async worker's tasks are all in `tasks`; what it did not report as done was
     unfinished, and so were its parts' events it did not report."""
 
+    worker: int
     task_id: int | None
     index: int
     exitcode: int | None
     tasks: tuple[int, ...] = ()
-    worker: int = -1
 
 
 # A part: (part id, topic, partition, records, attempts or None for all first attempts).
@@ -225,9 +225,10 @@ class _Job:
         self.keyed = keyed
 
 
-class _Parts:
-    """A worker's side of its parts: which events of each are still to settle, what to
-    report, which revoked partitions to drop, and when a failed event is retried."""
+class _WorkerLoop:
+    """What both kinds of worker share: reading transfers and, for parts, which events
+    of each are still to settle, what to report, which revoked partitions to drop, and
+    when a failed event is retried."""
 
     def __init__(self, conn: Connection, retry: RetryPolicy) -> None:
         self._conn = conn
@@ -335,7 +336,7 @@ class _Parts:
                 return
 
 
-class _PlainWorker(_Parts):
+class _PlainWorker(_WorkerLoop):
     """A plain function's worker: one event at a time. Tasks run whole, as they come;
     parts' events run in arrival order, except that a failed event holds back its key's
     later ones until its retry settles."""
@@ -452,7 +453,7 @@ class _PlainWorker(_Parts):
             self._send(report)
 
 
-class _AsyncWorker(_Parts):
+class _AsyncWorker(_WorkerLoop):
     """An async worker's loop: `concurrency` runners take events from one queue, so an
     event costs no task of its own. An event whose scope has one running (or waiting for
     a retry) waits behind it and is run next by the runner of that scope, so one scope's
@@ -732,11 +733,11 @@ class WorkerPool:
         worker = self._workers[index]
         worker.process.join(_STOP_JOIN_TIMEOUT)
         died = WorkerDied(
+            index,
             worker.task_id,
             worker.progress.value,
             worker.process.exitcode,
             tuple(worker.tasks),
-            index,
         )
         worker.conn.close()
         self._workers[index] = self._spawn()
