@@ -14,7 +14,9 @@
       auto-commit on (the loop most users write). Rate = N / (first message to last).
       On the embedded broker this loop's fetches stall for about 0.7 s at a time, one to
       three times per read, so its rate ranges from 200k to 860k events/s between runs,
-      and the ratio moves with it.
+      and the ratio moves with it. The steadier figure is ours' parent CPU per event: the
+      CPU time of the consumer's own process (its poll thread and librdkafka's threads)
+      between the same two snapshots, divided by the events processed in between.
 (b) CPU-bound handler: each event burns 1 ms of CPU (`time.thread_time`), M events,
     `Consumer` with 1 and then 2 workers, rate measured as in (a). Scaling = rate with 2
     workers / rate with 1. The machine has two cores, which the poll thread, librdkafka
@@ -36,7 +38,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer
@@ -102,9 +104,14 @@ def fill_topic(bootstrap: str, topic: str, count: int) -> None:
     producer.flush(60)
 
 
+class Measured(NamedTuple):
+    rate: float
+    parent_cpu_us: float  # CPU of the consumer's process per event
+
+
 def ours(
     bootstrap: str, topic: str, count: int, handler: Any, workers: int, **settings: Any
-) -> float:
+) -> Measured:
     """Events per second through Consumer, from status snapshots (see the module doc)."""
     consumer = Consumer(
         f"bench-ours-{uuid.uuid4().hex[:8]}",
@@ -117,14 +124,16 @@ def ours(
     consumer.start()
     try:
         first = None
+        first_cpu = 0.0
         deadline = time.monotonic() + TIMEOUT_S
         while time.monotonic() < deadline:
             status = consumer.status()
             if first is None and status.counters.received:
-                first = status
+                first, first_cpu = status, time.process_time()
             if status.counters.processed >= count and first is not None:
                 done = status.counters.processed - first.counters.processed
-                return done / (status.taken_at - first.taken_at)
+                cpu_us = (time.process_time() - first_cpu) * 1e6 / done
+                return Measured(done / (status.taken_at - first.taken_at), cpu_us)
             time.sleep(0.005)
         raise RuntimeError(f"ours: {consumer.status().line()} after {TIMEOUT_S} s")
     finally:
@@ -172,20 +181,28 @@ def run(args: BenchArgs) -> dict[str, object]:
             fill_topic(bootstrap, "noop", events)
             fill_topic(bootstrap, "cpu", cpu_events)
             ours_rates: list[float] = []
+            parent_cpu: list[float] = []
             anchor_rates: list[float] = []
+
+            def measure_ours() -> float:
+                measured = ours(bootstrap, "noop", events, noop, 2)
+                parent_cpu.append(measured.parent_cpu_us)
+                return measured.rate
+
             for rep in range(args.repeats):
                 pair: list[tuple[str, Callable[[], float], list[float]]] = [
                     ("anchor", lambda: anchor(bootstrap, "noop", events), anchor_rates),
-                    ("ours", lambda: ours(bootstrap, "noop", events, noop, 2), ours_rates),
+                    ("ours", measure_ours, ours_rates),
                 ]
                 for name, measure, rates in pair if rep % 2 == 0 else reversed(pair):
                     rates.append(measure())
-                    progress(f"(a) rep {rep + 1} {name}: {rates[-1]:,.0f} events/s")
+                    cpu = f", parent CPU {parent_cpu[-1]:.1f} us/event" if name == "ours" else ""
+                    progress(f"(a) rep {rep + 1} {name}: {rates[-1]:,.0f} events/s{cpu}")
             one: list[float] = []
             two: list[float] = []
             for rep in range(args.repeats):
                 for workers, rates in ((1, one), (2, two)):
-                    rates.append(ours(bootstrap, "cpu", cpu_events, burn_1ms, workers))
+                    rates.append(ours(bootstrap, "cpu", cpu_events, burn_1ms, workers).rate)
                     progress(f"(b) rep {rep + 1} {workers} workers: {rates[-1]:,.0f} events/s")
         # A broker of its own: the embedded broker's fetches slow down with all it holds
         # (the anchor of (a) read 861k events/s, then 203k once 60k more were in "io").
@@ -202,7 +219,7 @@ def run(args: BenchArgs) -> dict[str, object]:
                         await_10ms,
                         IO_WORKERS,
                         concurrency=IO_CONCURRENCY,
-                    )
+                    ).rate
                 )
                 progress(f"(c) rep {rep + 1}: {io_rates[-1]:,.0f} events/s")
     finally:
@@ -211,6 +228,7 @@ def run(args: BenchArgs) -> dict[str, object]:
     ours_rate, anchor_rate = median(ours_rates), median(anchor_rates)
     one_rate, two_rate = median(one), median(two)
     io_rate = median(io_rates)
+    cpu_us = median(parent_cpu)
     io_ideal = IO_WORKERS * IO_CONCURRENCY / IO_WAIT_S
     print_table(
         ["figure", "ours", "anchor", "ratio"],
@@ -221,6 +239,7 @@ def run(args: BenchArgs) -> dict[str, object]:
                 f"{anchor_rate:,.0f}",
                 safe_ratio(ours_rate, anchor_rate),
             ],
+            ["(a) parent CPU us/event", f"{cpu_us:.1f}", "", ""],
             [
                 "(b) 1 ms CPU events/s, 2 vs 1 workers",
                 f"{two_rate:,.0f}",
@@ -261,6 +280,7 @@ def run(args: BenchArgs) -> dict[str, object]:
                 anchor_is="the ideal: workers x concurrency / 10 ms",
             ),
         ],
+        "noop_parent_cpu_us_per_event": round(cpu_us, 2),
         "cpu_1ms_events_per_s_1_worker": round(one_rate),
         "cpu_1ms_events_per_s_2_workers": round(two_rate),
         "cpu_scaling_2_vs_1": safe_ratio(two_rate, one_rate),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import zlib
 from pathlib import Path
 
 from eventspool.consumer import Record
@@ -84,3 +85,22 @@ async def async_hang_first_attempt(path: Path, seconds: float, record: Record) -
         os.close(fd)
     await asyncio.sleep(seconds if record.attempt == 1 else 0.01)
     record_to(path, record)
+
+
+def fails_first(record: Record) -> bool:
+    """About one event in 40 fails its first attempt: the same ones in every process."""
+    return zlib.crc32((record.key or b"") + b"/" + (record.value or b"")) % 40 == 0
+
+
+def record_sequence(path: Path, record: Record) -> None:
+    """Line: key, the sequence number in the value, worker pid, attempt. The first attempt
+    of the events `fails_first` picks raises, so their key's later events must wait."""
+    if record.attempt == 1 and fails_first(record):
+        raise ValueError("first attempt fails")
+    line = f"{(record.key or b'').decode()} {int(record.value or b'-1')} {os.getpid()} "
+    line += f"{record.attempt}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)

@@ -16,47 +16,63 @@ from eventspool.clock import Clock
 class PartitionOffsets:
     """The offsets of one partition that were handed out and which of them are finished.
 
-    Offsets must be added in increasing order (as a partition delivers them); they need
-    not be contiguous (compaction and transaction markers leave holes in real logs).
+    Offsets are tracked in ranges, each finished as a whole: a single event, or a run of
+    events from one poll that is accounted as one. Ranges must be added in increasing
+    order (as a partition delivers them); they need not be contiguous (compaction and
+    transaction markers leave holes in real logs).
     """
 
     __slots__ = ("_committed", "_done", "_outstanding", "_received_end")
 
     def __init__(self, committed: int | None = None) -> None:
-        self._outstanding: deque[int] = deque()
-        self._done: set[int] = set()
+        self._outstanding: deque[tuple[int, int]] = deque()
+        self._done: set[tuple[int, int]] = set()
         self._committed = committed
         self._received_end: int | None = committed
+
+    @property
+    def received_end(self) -> int | None:
+        """The offset after the last one received: anything below it is a stale refetch."""
+        return self._received_end
 
     def add(self, offset: int) -> bool:
         """Track a newly received offset; False for one already seen (a stale refetch)."""
         if self._received_end is not None and offset < self._received_end:
             return False
-        self._outstanding.append(offset)
-        self._received_end = offset + 1
+        self.add_range(offset, offset + 1)
         return True
 
-    def finish(self, offset: int) -> None:
-        """Mark `offset` done; finishing an offset that is not outstanding is a no-op."""
+    def add_range(self, first: int, end: int) -> None:
+        """Track offsets [first, end), finished together by `finish(first, end)`; the
+        caller has checked that `first` is not below `received_end`."""
+        self._outstanding.append((first, end))
+        self._received_end = end
+
+    def finish(self, first: int, end: int | None = None) -> None:
+        """Mark the range [first, end) done (one offset without `end`). A range not
+        outstanding is a no-op: one forgotten and fetched again may come back cut
+        differently, and only the same range holds the same events."""
+        span = (first, first + 1 if end is None else end)
         outstanding = self._outstanding
-        if not outstanding or offset < outstanding[0]:
+        if not outstanding or first < outstanding[0][0]:
             return
-        if offset == outstanding[0]:
+        if span == outstanding[0]:
             outstanding.popleft()
             done = self._done
             while outstanding and outstanding[0] in done:
                 done.discard(outstanding.popleft())
-        else:
-            self._done.add(offset)
+        elif first > outstanding[0][0]:
+            self._done.add(span)
 
     def forget_from(self, offset: int) -> None:
-        """Drop outstanding offsets >= `offset`: they will be fetched again after a seek."""
-        while self._outstanding and self._outstanding[-1] >= offset:
+        """Drop outstanding ranges from `offset` on: they will be fetched again after a seek."""
+        while self._outstanding and self._outstanding[-1][0] >= offset:
             self._done.discard(self._outstanding.pop())
         self._received_end = offset
 
     @property
     def outstanding(self) -> int:
+        """Ranges not finished, or finished behind an unfinished one."""
         return len(self._outstanding)
 
     @property
@@ -66,7 +82,7 @@ class PartitionOffsets:
     @property
     def position(self) -> int | None:
         """The first offset not finished yet: where a restart would begin."""
-        return self._outstanding[0] if self._outstanding else self._received_end
+        return self._outstanding[0][0] if self._outstanding else self._received_end
 
     def committable(self) -> int | None:
         """The offset to commit now (the first unfinished one), or None if it would not move."""

@@ -1,27 +1,42 @@
 """Worker processes that run handlers, so a slow or CPU-bound handler never holds the
 poll thread (or the GIL it needs to keep the group membership alive).
 
-A plain function: each worker takes one batch at a time over its own pipe and runs it
-in order. Before each event it writes the event's index into shared memory, so when a
-worker dies the pool knows which event killed it, which ones finished and which never
-started.
+Parts (key-ordered events): the poll thread routes each keyed event to the worker of
+its key and hands a worker all of a poll's events for it in one transfer. The worker
+runs them in arrival order, which is each key's offset order, and keeps that order
+itself across retries: a failed event waits for its backoff in the worker and holds
+back its key's later events meanwhile; one out of attempts is reported for the poll
+thread to dead-letter. Outcomes go back in one report every couple of milliseconds,
+a whole part as one entry once it is done. A revoked partition's events still queued
+are dropped on request. When a worker dies, every event of its parts it had not
+reported is retried.
+
+Tasks (everything else): a plain function's worker runs one task at a time, in order.
+Before each event it writes the event's index into shared memory, so when a worker dies
+the pool knows which event killed it, which ones finished and which never started.
 
 An `async def` handler: each worker runs an event loop with up to `concurrency` handler
-calls at once, takes new batches while earlier ones run, and reports each event as it
-finishes (the reports of one loop turn in one message), so a slow event holds back
-neither the other events of its batch nor the commit of those before it. Events of one
-scope (key or partition, by the ordering) still run one after the other, in order.
-When such a worker dies, every event it had not reported is retried.
+calls at once, takes new transfers while earlier ones run, and reports each event as it
+finishes (the reports of a couple of milliseconds in one message), so a slow event holds
+back neither the others nor the commit of those before it. Events of one scope (key or
+partition, by the ordering) still run one after the other, in order. When such a worker
+dies, every event it had not reported is retried.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import heapq
 import importlib
 import inspect
+import itertools
 import multiprocessing
+import queue
 import signal
+import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
@@ -30,8 +45,9 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from eventspool.consumer.record import Record, WireRecord
-from eventspool.consumer.scheduler import Ordering, scope_of
+from eventspool.consumer.record import RawRecord, Record, WireRecord, record_from_raw
+from eventspool.consumer.scheduler import Ordering, TopicPartitionKey, scope_of
+from eventspool.consumer.settings import RetryPolicy
 from eventspool.errors import EventspoolError
 
 Handler = Callable[[Record], object]
@@ -94,21 +110,67 @@ class EventsDone:
 
 @dataclass(frozen=True, slots=True)
 class WorkerDied:
-    """A worker exited: events of its task before `index` finished, the one at `index`
-    was running (-1: none had started; the task's length: all had finished). An async
-    worker's tasks are all in `tasks`; what it did not report as done was unfinished."""
+    """Worker `worker` exited: events of its task before `index` finished, the one at
+    `index` was running (-1: none had started; the task's length: all had finished). An
+    async worker's tasks are all in `tasks`; what it did not report as done was
+    unfinished, and so were its parts' events it did not report."""
 
+    worker: int
     task_id: int | None
     index: int
     exitcode: int | None
     tasks: tuple[int, ...] = ()
 
 
-PoolEvent = TaskDone | EventsDone | WorkerDied
+# A part: (part id, topic, partition, records, attempts or None for all first attempts).
+# Key-ordered events of one partition from one poll, all for one worker.
+PartWire = tuple[int, str, int, list[RawRecord], list[int] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """Parts handed to a worker in one transfer."""
+
+    parts: list[PartWire]
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Forget the events of these partitions from parts up to the given id (revoked)."""
+
+    bounds: dict[TopicPartitionKey, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What a worker settled of its parts since its last report.
+
+    `finished`: (part id, indexes, or None for every event of the part not reported
+    before). `failures`: (part id, index, attempt, failure, gave up); an event that gave
+    up is the poll thread's to dead-letter, one that did not is retried by the worker.
+    `dropped`: (part id, indexes) of revoked partitions. `settled` counts the events this
+    report settles; `busy_s` is the handler time spent on `handled` events.
+    """
+
+    finished: list[tuple[int, list[int] | None]]
+    failures: list[tuple[int, int, int, Failure, bool]]
+    dropped: list[tuple[int, list[int]]]
+    settled: int
+    busy_s: float
+    handled: int
+
+
+PoolEvent = TaskDone | EventsDone | WorkerDied | Progress
 
 
 def _worker_main(
-    conn: Connection, handler_ref: HandlerRef, ordering: Ordering, progress: Any, concurrency: int
+    conn: Connection,
+    handler_ref: HandlerRef,
+    ordering: Ordering,
+    progress: Any,
+    concurrency: int,
+    *,
+    retry: RetryPolicy,
 ) -> None:
     # The parent decides when in-flight work stops; a terminal's Ctrl-C or a service
     # manager's SIGTERM to the whole group must not cut a handler short behind its back.
@@ -116,17 +178,9 @@ def _worker_main(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     handler = resolve_handler(handler_ref)
     if is_async(handler):
-        asyncio.run(_AsyncWorker(conn, handler, ordering, concurrency).serve())
-        return
-    while True:
-        try:
-            task = conn.recv()
-        except EOFError:
-            return
-        if task is None:
-            return
-        task_id, items = task
-        conn.send((task_id, _run_batch(handler, ordering, items, progress)))
+        asyncio.run(_AsyncWorker(conn, handler, ordering, concurrency, retry).serve())
+    else:
+        _PlainWorker(conn, handler, ordering, progress, retry).serve()
 
 
 def _run_batch(
@@ -155,94 +209,383 @@ def _failure(exc: Exception) -> Failure:
     return (type(exc).__qualname__, str(exc), text)
 
 
-# One event in an async worker: (task id, index in the task, record, attempt, its scope).
-_AsyncItem = tuple[int, int, WireRecord, int, Hashable]
+class _Job:
+    """One event in a worker: from a part (`keyed`: the worker retries it) or from a task
+    (the poll thread decides about it). `ident` is the part's or the task's id."""
 
-
-class _AsyncWorker:
-    """An async worker's loop: `concurrency` runners take events from one queue, so an
-    event costs no task of its own. An event whose scope has one running waits behind it
-    and is run next by the runner of that scope, so one scope's events keep their order;
-    each outcome is reported when it is known."""
+    __slots__ = ("ident", "index", "keyed", "record", "scope")
 
     def __init__(
-        self, conn: Connection, handler: Handler, ordering: Ordering, concurrency: int
+        self, ident: int, index: int, record: Record, scope: Hashable, keyed: bool
     ) -> None:
+        self.ident = ident
+        self.index = index
+        self.record = record
+        self.scope = scope
+        self.keyed = keyed
+
+
+class _WorkerLoop:
+    """What both kinds of worker share: reading transfers and, for parts, which events
+    of each are still to settle, what to report, which revoked partitions to drop, and
+    when a failed event is retried."""
+
+    def __init__(self, conn: Connection, retry: RetryPolicy) -> None:
         self._conn = conn
+        self._retry = retry
+        self._left: dict[int, int] = {}
+        self._finished: dict[int, list[int]] = {}
+        self._failures: list[tuple[int, int, int, Failure, bool]] = []
+        self._dropped: dict[int, list[int]] = {}
+        self._settled = 0
+        self._busy_s = 0.0
+        self._handled = 0
+        self._bounds: dict[TopicPartitionKey, int] = {}
+
+    def _jobs(self, part: PartWire) -> list[_Job]:
+        part_id, topic, partition, items, attempts = part
+        self._left[part_id] = len(items)
+        return [
+            _Job(
+                part_id,
+                index,
+                record_from_raw(topic, partition, raw, attempts[index] if attempts else 1),
+                (topic, partition, raw[1]),
+                True,
+            )
+            for index, raw in enumerate(items)
+        ]
+
+    def _drop_bounds(self, drop: Drop) -> None:
+        self._bounds.update(drop.bounds)
+
+    def _is_dropped(self, job: _Job) -> bool:
+        if not self._bounds:
+            return False
+        bound = self._bounds.get((job.record.topic, job.record.partition))
+        return bound is not None and job.ident <= bound
+
+    def _settle(self, job: _Job, failure: Failure | None) -> float | None:
+        """Report a keyed job's outcome; the delay before its retry if it gets one (its
+        scope stays held until then), else None."""
+        if failure is None:
+            self._finished.setdefault(job.ident, []).append(job.index)
+            self._settled_one(job.ident)
+            return None
+        attempt = job.record.attempt
+        gives_up = attempt >= self._retry.max_attempts
+        self._failures.append((job.ident, job.index, attempt, failure, gives_up))
+        if gives_up:
+            self._settled_one(job.ident)
+            return None
+        job.record = dataclasses.replace(job.record, attempt=attempt + 1)
+        return self._retry.delay(attempt)
+
+    def _drop(self, job: _Job) -> None:
+        self._dropped.setdefault(job.ident, []).append(job.index)
+        self._settled_one(job.ident)
+
+    def _settled_one(self, part_id: int) -> None:
+        self._left[part_id] -= 1
+        self._settled += 1
+
+    def _report(self) -> Progress | None:
+        if not self._settled and not self._failures:
+            return None
+        left = self._left
+        finished = [
+            (part_id, None if not left[part_id] else indexes)
+            for part_id, indexes in self._finished.items()
+        ]
+        for part_id in {*self._finished, *self._dropped, *(f[0] for f in self._failures)}:
+            if not left[part_id]:
+                del left[part_id]
+        progress = Progress(
+            finished,
+            self._failures,
+            list(self._dropped.items()),
+            self._settled,
+            self._busy_s,
+            self._handled,
+        )
+        self._finished, self._failures, self._dropped = {}, [], {}
+        self._settled, self._busy_s, self._handled = 0, 0.0, 0
+        return progress
+
+    def _send(self, message: object) -> None:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
+            self._conn.send(message)
+
+    def _start_reading(self, deliver: Callable[[Any], object]) -> None:
+        """Take transfers off the pipe as they come, on a thread of their own: the poll
+        thread never waits on a busy worker to hand one over, so it goes on reading the
+        worker's reports, and neither side can block the other for good."""
+        thread = threading.Thread(
+            target=self._read, args=(deliver,), name="eventspool-worker-read", daemon=True
+        )
+        thread.start()
+
+    def _read(self, deliver: Callable[[Any], object]) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                message = None
+            deliver(message)
+            if message is None:
+                return
+
+
+class _PlainWorker(_WorkerLoop):
+    """A plain function's worker: one event at a time. Tasks run whole, as they come;
+    parts' events run in arrival order, except that a failed event holds back its key's
+    later ones until its retry settles."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        handler: Handler,
+        ordering: Ordering,
+        progress: Any,
+        retry: RetryPolicy,
+    ) -> None:
+        super().__init__(conn, retry)
+        self._handler = handler
+        self._ordering = ordering
+        self._progress = progress
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._ready: deque[_Job] = deque()
+        # Keys whose event waits for a retry, and their later events behind it.
+        self._held: dict[Hashable, deque[_Job]] = {}
+        self._timers: list[tuple[float, int, _Job]] = []
+        self._timer_ids = itertools.count()
+
+    def serve(self) -> None:
+        self._start_reading(self._inbox.put)
+        flushed = time.monotonic()
+        while (job := self._next()) is not None:
+            self._run(job)
+            now = time.monotonic()
+            if now - flushed >= _REPORT_EVERY_S:
+                self._flush()
+                flushed = now
+
+    def _next(self) -> _Job | None:
+        """The next job to run (None: stop), taking in transfers and waiting as needed."""
+        while True:
+            while not self._inbox.empty():
+                if not self._take(self._inbox.get()):
+                    return None
+            if self._timers and self._timers[0][0] <= time.monotonic():
+                return heapq.heappop(self._timers)[2]
+            while self._ready:
+                job = self._ready.popleft()
+                if self._held and job.scope in self._held:
+                    self._held[job.scope].append(job)
+                else:
+                    return job
+            self._flush()
+            timeout = max(self._timers[0][0] - time.monotonic(), 0.0) if self._timers else None
+            try:
+                message = self._inbox.get(timeout=timeout)
+            except queue.Empty:
+                continue
+            if not self._take(message):
+                return None
+
+    def _take(self, message: Any) -> bool:
+        if message is None:
+            return False
+        if isinstance(message, Parts):
+            for part in message.parts:
+                for job in self._jobs(part):
+                    if job.record.attempt == 1:
+                        self._ready.append(job)
+                    elif job.scope in self._held:
+                        self._held[job.scope].append(job)
+                    else:  # resent after a worker died: a retry
+                        self._hold(job, self._retry.delay(job.record.attempt - 1))
+        elif isinstance(message, Drop):
+            self._drop_bounds(message)
+            self._timers = [
+                (0.0, n, job) if self._is_dropped(job) else (due, n, job)
+                for due, n, job in self._timers
+            ]
+            heapq.heapify(self._timers)
+        else:
+            task_id, items = message
+            self._send((task_id, _run_batch(self._handler, self._ordering, items, self._progress)))
+        return True
+
+    def _hold(self, job: _Job, delay: float) -> None:
+        """Retry `job` after `delay`; its key's later events wait behind it."""
+        self._held.setdefault(job.scope, deque())
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_ids), job))
+
+    def _run(self, job: _Job) -> None:
+        if self._is_dropped(job):
+            self._drop(job)
+            self._release(job.scope)
+            return
+        started = time.perf_counter()
+        failure: Failure | None = None
+        try:
+            self._handler(job.record)
+        except Exception as exc:
+            failure = _failure(exc)
+        self._busy_s += time.perf_counter() - started
+        self._handled += 1
+        delay = self._settle(job, failure)
+        if delay is not None:
+            self._hold(job, delay)
+        elif self._held:
+            self._release(job.scope)
+
+    def _release(self, scope: Hashable) -> None:
+        """A held key's retry settled: its waiting events run next, in order."""
+        waiting = self._held.pop(scope, None)
+        if waiting:
+            self._ready.extendleft(reversed(waiting))
+
+    def _flush(self) -> None:
+        report = self._report()
+        if report is not None:
+            self._send(report)
+
+
+class _AsyncWorker(_WorkerLoop):
+    """An async worker's loop: `concurrency` runners take events from one queue, so an
+    event costs no task of its own. An event whose scope has one running (or waiting for
+    a retry) waits behind it and is run next by the runner of that scope, so one scope's
+    events keep their order; each outcome is reported when it is known."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        handler: Handler,
+        ordering: Ordering,
+        concurrency: int,
+        retry: RetryPolicy,
+    ) -> None:
+        super().__init__(conn, retry)
         self._handler: Any = handler
         self._ordering = ordering
         self._concurrency = concurrency
-        self._ready: asyncio.Queue[_AsyncItem | None] = asyncio.Queue()
-        # Scopes with an event running, and the events waiting behind it.
-        self._behind: dict[Hashable, deque[_AsyncItem]] = {}
+        self._ready: asyncio.Queue[_Job | None] = asyncio.Queue()
+        # Scopes with an event running or waiting for a retry, and the events behind it.
+        self._behind: dict[Hashable, deque[_Job]] = {}
+        self._retries: dict[_Job, asyncio.TimerHandle] = {}
         self._outbox: list[tuple[int, int, Failure | None]] = []
+        self._flush_due = False
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_reader(self._conn.fileno(), self._receive)
+        self._start_reading(lambda message: loop.call_soon_threadsafe(self._take, message))
         await asyncio.gather(*(self._runner() for _ in range(self._concurrency)))
 
-    def _receive(self) -> None:
-        try:
-            task = self._conn.recv()
-        except (EOFError, OSError):
-            task = None
-        if task is None:
-            asyncio.get_running_loop().remove_reader(self._conn.fileno())
+    def _take(self, message: Any) -> None:
+        if message is None:
             for _ in range(self._concurrency):
                 self._ready.put_nowait(None)
-            return
-        task_id, items = task
-        behind, ordering = self._behind, self._ordering
-        for index, (wire, attempt) in enumerate(items):
-            scope = scope_of(ordering, wire[0], wire[1], wire[3])
-            item = (task_id, index, wire, attempt, scope)
-            if scope is None:
-                self._ready.put_nowait(item)
-            elif scope in behind:
-                behind[scope].append(item)
-            else:
-                behind[scope] = deque()
-                self._ready.put_nowait(item)
+        elif isinstance(message, Parts):
+            for part in message.parts:
+                for job in self._jobs(part):
+                    if not self._admit(job):
+                        continue
+                    if job.record.attempt > 1:  # resent after a worker died: a retry
+                        self._retry_after(job, self._retry.delay(job.record.attempt - 1))
+                    else:
+                        self._ready.put_nowait(job)
+        elif isinstance(message, Drop):
+            self._drop_bounds(message)
+            for job in [job for job in self._retries if self._is_dropped(job)]:
+                self._retries.pop(job).cancel()
+                self._ready.put_nowait(job)
+        else:
+            task_id: int = message[0]
+            items: list[tuple[WireRecord, int]] = message[1]
+            for index, (wire, attempt) in enumerate(items):
+                scope = scope_of(self._ordering, wire[0], wire[1], wire[3])
+                job = _Job(task_id, index, Record(*wire, attempt=attempt), scope, False)
+                if self._admit(job):
+                    self._ready.put_nowait(job)
+
+    def _admit(self, job: _Job) -> bool:
+        """True if `job` may start now; else it waits behind its scope's running one."""
+        if job.scope is None:
+            return True
+        waiting = self._behind.get(job.scope)
+        if waiting is not None:
+            waiting.append(job)
+            return False
+        self._behind[job.scope] = deque()
+        return True
 
     async def _runner(self) -> None:
-        while (item := await self._ready.get()) is not None:
-            scope = item[4]
-            succeeded = await self._run(item)
-            if scope is None:
-                continue
-            waiting = self._behind[scope]
-            while waiting:
-                following = waiting.popleft()
-                if succeeded:
-                    succeeded = await self._run(following)
-                else:  # its scope is held: back to the scheduler, in order, for the retry
-                    self._report(following[0], following[1], SKIPPED)
-            del self._behind[scope]
+        while (job := await self._ready.get()) is not None:
+            while job is not None:
+                job = await self._step(job)
 
-    async def _run(self, item: _AsyncItem) -> bool:
-        task_id, index, wire, attempt, _scope = item
+    async def _step(self, job: _Job) -> _Job | None:
+        """Settle `job`; the next event of its scope to run now, if any."""
+        if job.keyed and self._is_dropped(job):
+            self._drop(job)
+            self._schedule_flush()
+            return self._next_of(job.scope)
         failure: Failure | None = None
         try:
-            await self._handler(Record(*wire, attempt=attempt))
+            await self._handler(job.record)
         except Exception as exc:
             failure = _failure(exc)
-        self._report(task_id, index, failure)
-        return failure is None
+        self._schedule_flush()
+        if job.keyed:
+            delay = self._settle(job, failure)
+            if delay is not None:
+                self._retry_after(job, delay)
+                return None
+            return self._next_of(job.scope)
+        self._outbox.append((job.ident, job.index, failure))
+        if failure is None:
+            return self._next_of(job.scope)
+        # Its scope is held: the rest go back to the scheduler, in order, for the retry.
+        for following in self._behind.pop(job.scope, ()):
+            self._outbox.append((following.ident, following.index, SKIPPED))
+        return None
 
-    def _report(self, task_id: int, index: int, failure: Failure | None) -> None:
-        if not self._outbox:
+    def _next_of(self, scope: Hashable) -> _Job | None:
+        if scope is None:
+            return None
+        waiting = self._behind[scope]
+        if waiting:
+            return waiting.popleft()
+        del self._behind[scope]
+        return None
+
+    def _retry_after(self, job: _Job, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._retries[job] = loop.call_later(delay, self._retry_due, job)
+
+    def _retry_due(self, job: _Job) -> None:
+        del self._retries[job]
+        self._ready.put_nowait(job)
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_due:
+            self._flush_due = True
             asyncio.get_running_loop().call_later(_REPORT_EVERY_S, self._flush)
-        self._outbox.append((task_id, index, failure))
 
     def _flush(self) -> None:
-        done, self._outbox = self._outbox, []
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
-            self._conn.send(done)
+        self._flush_due = False
+        if self._outbox:
+            done, self._outbox = self._outbox, []
+            self._send(done)
+        report = self._report()
+        if report is not None:
+            self._send(report)
 
 
 class _Worker:
-    __slots__ = ("conn", "process", "progress", "task_id", "tasks")
+    __slots__ = ("conn", "parts", "process", "progress", "task_id", "tasks")
 
     def __init__(self, process: BaseProcess, conn: Connection, progress: Any) -> None:
         self.process = process
@@ -251,6 +594,8 @@ class _Worker:
         self.task_id: int | None = None
         # An async worker's tasks: events not yet reported per task.
         self.tasks: dict[int, int] = {}
+        # Events of parts handed to it and not settled yet.
+        self.parts = 0
 
 
 class WorkerPool:
@@ -262,7 +607,9 @@ class WorkerPool:
         handler: HandlerRef,
         ordering: Ordering,
         start_method: str,
-        concurrency: int = 1,
+        *,
+        concurrency: int,
+        retry: RetryPolicy,
     ) -> None:
         if size < 1:
             raise ValueError(f"workers={size}: at least one worker is needed")
@@ -272,6 +619,7 @@ class WorkerPool:
         self._context: Any = multiprocessing.get_context(start_method)
         self._handler = handler
         self._ordering = ordering
+        self._retry = retry
         self._workers = [self._spawn() for _ in range(size)]
 
     def _spawn(self) -> _Worker:
@@ -280,6 +628,7 @@ class WorkerPool:
         process = self._context.Process(
             target=_worker_main,
             args=(child_conn, self._handler, self._ordering, progress, self.concurrency),
+            kwargs={"retry": self._retry},
             name="eventspool-worker",
             daemon=True,
         )
@@ -306,7 +655,11 @@ class WorkerPool:
         return 0 if worker.task_id is not None else 1 << 30
 
     def busy(self) -> int:
-        return sum(1 for worker in self._workers if worker.task_id is not None or worker.tasks)
+        return sum(1 for worker in self._workers if self._busy(worker))
+
+    @staticmethod
+    def _busy(worker: _Worker) -> bool:
+        return worker.task_id is not None or bool(worker.tasks) or worker.parts > 0
 
     def pids(self) -> list[int | None]:
         return [worker.process.pid for worker in self._workers]
@@ -321,6 +674,20 @@ class WorkerPool:
         # A dead worker's pipe refuses the task; collect() reports the death with it.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
             worker.conn.send((task_id, items))
+
+    def send_parts(self, index: int, parts: list[PartWire]) -> None:
+        """Hand parts to worker `index` in one transfer; it reports them in `Progress`."""
+        worker = self._workers[index]
+        worker.parts += sum(len(part[3]) for part in parts)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
+            worker.conn.send(Parts(parts))
+
+    def drop(self, bounds: dict[TopicPartitionKey, int]) -> None:
+        """Tell every worker to drop the parts' events of revoked partitions."""
+        for worker in self._workers:
+            if worker.parts:
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
+                    worker.conn.send(Drop(bounds))
 
     def collect(self, timeout: float) -> list[PoolEvent]:
         """Finished tasks and dead workers (already replaced), waiting up to `timeout`."""
@@ -347,6 +714,9 @@ class WorkerPool:
 
     @staticmethod
     def _received(worker: _Worker, message: Any) -> PoolEvent:
+        if isinstance(message, Progress):
+            worker.parts -= message.settled
+            return message
         if isinstance(message, list):
             for task_id, _index, _failure in message:
                 left = worker.tasks[task_id] - 1
@@ -363,7 +733,11 @@ class WorkerPool:
         worker = self._workers[index]
         worker.process.join(_STOP_JOIN_TIMEOUT)
         died = WorkerDied(
-            worker.task_id, worker.progress.value, worker.process.exitcode, tuple(worker.tasks)
+            index,
+            worker.task_id,
+            worker.progress.value,
+            worker.process.exitcode,
+            tuple(worker.tasks),
         )
         worker.conn.close()
         self._workers[index] = self._spawn()
@@ -372,7 +746,7 @@ class WorkerPool:
     def stop(self, timeout: float = _STOP_JOIN_TIMEOUT) -> None:
         """Let idle workers exit; kill the ones still busy (their work is abandoned)."""
         for worker in self._workers:
-            if worker.task_id is None and not worker.tasks:
+            if not self._busy(worker):
                 with contextlib.suppress(OSError):
                     worker.conn.send(None)
             else:

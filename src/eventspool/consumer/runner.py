@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -34,14 +35,28 @@ from eventspool.consumer.pool import (
     EventsDone,
     Failure,
     HandlerRef,
+    PartWire,
     PoolEvent,
+    Progress,
     TaskDone,
     WorkerDied,
     WorkerPool,
     resolve_handler,
 )
-from eventspool.consumer.record import wire_record
-from eventspool.consumer.scheduler import Pending, Scheduler, TopicPartitionKey
+from eventspool.consumer.record import (
+    RawRecord,
+    WireRecord,
+    create_time_of,
+    wire_from_raw,
+    wire_record,
+)
+from eventspool.consumer.scheduler import (
+    Ordering,
+    Pending,
+    Scheduler,
+    TopicPartitionKey,
+    worker_for,
+)
 from eventspool.consumer.settings import ConsumerSettings
 from eventspool.endoffsets import EndOffsetsError, true_end_offsets
 from eventspool.errors import EventspoolError
@@ -60,6 +75,7 @@ DEAD_LETTER_HEADERS = (
 _IDLE_POLL_S = 0.1
 _BUSY_POLL_S = 0.002
 _MAX_CONSUME = 1000
+_REFILL_SHARE = 0.25
 _SNAPSHOT_EVERY_S = 0.25
 _BATCH_TARGET_S = 0.05
 _FORWARD_RETRY_S = 1.0
@@ -163,13 +179,55 @@ class _Task:
         return [item for index, item in enumerate(self.items) if index not in self.done]
 
 
+@dataclass(slots=True, eq=False)
+class _Chunk:
+    """Keyed events of one partition from one poll, `left` of them not finished: their
+    offsets are one range, finished once all of them are."""
+
+    state: _PartitionState
+    first: int
+    end: int
+    left: int
+
+
+@dataclass(slots=True, eq=False)
+class _Part:
+    """A chunk's events for one worker, handed over in one transfer. `attempts` is kept
+    once one of them failed (or was resent); `settled` once some were reported one by one."""
+
+    chunk: _Chunk
+    worker: int
+    topic: str
+    partition: int
+    items: list[RawRecord]
+    attempts: list[int] | None
+    started: float
+    left: int
+    settled: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """A chunk being read from one poll, its events sorted by worker."""
+
+    topic: str
+    partition: int
+    state: _PartitionState | None
+    end: int | None  # the offset after the last one taken: below it is a stale refetch
+    buckets: list[list[RawRecord]]
+    first: int = -1
+    count: int = 0
+    stale: list[RawRecord] = field(default_factory=list)
+
+
 @dataclass(slots=True)
 class _Forward:
     state: _PartitionState
-    pending: Pending
+    wire: WireRecord
     target: str
     headers: list[tuple[str, bytes]]
     counter: str
+    done: Callable[[], None]
     not_before: float = 0.0
 
 
@@ -227,6 +285,9 @@ class Consumer:
         self._partitions: dict[TopicPartitionKey, _PartitionState] = {}
         self._tasks: dict[int, _Task] = {}
         self._task_ids = itertools.count()
+        self._keyed = self._settings.ordering is Ordering.KEY
+        self._parts: dict[int, _Part] = {}
+        self._next_part = 0
         self._forwards: list[_Forward] = []
         self._counters = ConsumerCounters()
         self._held = 0
@@ -258,7 +319,8 @@ class Consumer:
             self._handler,
             self._settings.ordering,
             self._settings.start_method,
-            self._settings.concurrency,
+            concurrency=self._settings.concurrency,
+            retry=self._settings.retry,
         )
         try:
             self._kafka = KafkaConsumer(self._kafka_config())
@@ -369,10 +431,14 @@ class Consumer:
         if self._hold_intake():
             self._handle_pool_events(self._pool_events(_BUSY_POLL_S))
         else:
-            busy = bool(self._tasks or self._scheduler.waiting or self._forwards)
-            budget = max(1, min(_MAX_CONSUME, self._settings.max_buffered - self._held))
-            for message in self._kafka.consume(budget, _BUSY_POLL_S if busy else _IDLE_POLL_S):
-                self._intake(message)
+            busy = bool(self._tasks or self._parts or self._scheduler.waiting or self._forwards)
+            limit = self._settings.max_buffered
+            if self._parts and limit - self._held < limit * _REFILL_SHARE:
+                # Nearly full: let the workers' next reports free room first, so this
+                # poll takes a batch, not a trickle that costs a step and a transfer.
+                self._handle_pool_events(self._pool_events(_BUSY_POLL_S))
+            budget = max(1, min(_MAX_CONSUME, limit - self._held))
+            self._take_in(self._kafka.consume(budget, _BUSY_POLL_S if busy else _IDLE_POLL_S))
             self._dispatch()
         self._service_forwards()
         if self._policy.due():
@@ -382,6 +448,86 @@ class Consumer:
     def _pool_events(self, timeout: float) -> list[PoolEvent]:
         assert self._pool is not None
         return self._pool.collect(timeout)
+
+    def _take_in(self, messages: list[Any]) -> None:
+        """Take in one poll's messages. Under `key` ordering a keyed event goes straight
+        to the worker of its key, which keeps the key's order and retries it itself; a
+        poll's keyed events of one partition form chunks (up to a batch each), each
+        accounted as one offset range, and each worker gets its share of them all in one
+        transfer. Keyless events, and every event under the other orderings, go through
+        the scheduler."""
+        if not self._keyed:
+            for message in messages:
+                self._intake(message)
+            return
+        assert self._pool is not None
+        workers = self._pool.size
+        transfers: list[list[PartWire]] = [[] for _ in range(workers)]
+        cap = self._batch_for_handler_time()
+        max_age = self._settings.max_age_s
+        oldest_ms = None if max_age is None else self._clock.now_ms() - max_age * 1000
+        run: _Run | None = None
+        for message in messages:
+            key = message.key()
+            if key is None:  # keyless, or an error
+                if run is not None:
+                    self._hand_over(run, transfers)
+                    run = None
+                self._intake(message)
+                continue
+            topic = message.topic()
+            partition = message.partition()
+            if run is None or run.partition != partition or run.topic != topic or run.count >= cap:
+                if run is not None:
+                    self._hand_over(run, transfers)
+                state = self._partitions.get((topic, partition))
+                end = None if state is None else state.offsets.received_end
+                run = _Run(topic, partition, state, end, [[] for _ in range(workers)])
+            if run.state is None:
+                continue
+            offset = message.offset()
+            if run.end is not None and offset < run.end:
+                continue
+            if not run.count:
+                run.first = offset
+            run.end = offset + 1
+            run.count += 1
+            raw = (offset, key, message.value(), message.headers(), message.timestamp())
+            if oldest_ms is not None and _created_before(raw, oldest_ms):
+                run.stale.append(raw)
+                continue
+            run.buckets[worker_for(key, workers)].append(raw)
+        if run is not None:
+            self._hand_over(run, transfers)
+        for worker, parts in enumerate(transfers):
+            if parts:
+                self._pool.send_parts(worker, parts)
+
+    def _hand_over(self, run: _Run, transfers: list[list[PartWire]]) -> None:
+        state = run.state
+        if state is None or run.end is None or not run.count:
+            return
+        state.offsets.add_range(run.first, run.end)
+        state.held += run.count
+        self._held += run.count
+        self._counters.received += run.count
+        chunk = _Chunk(state, run.first, run.end, run.count)
+        now = time.monotonic()
+        for worker, items in enumerate(run.buckets):
+            if items:
+                part_id = self._new_part_id()
+                self._parts[part_id] = _Part(
+                    chunk, worker, run.topic, run.partition, items, None, now, len(items)
+                )
+                transfers[worker].append((part_id, run.topic, run.partition, items, None))
+        for raw in run.stale:
+            wire = wire_from_raw(run.topic, run.partition, raw)
+            self._drop_stale(state, wire, functools.partial(self._settle_chunk, chunk, 1))
+
+    def _new_part_id(self) -> int:
+        part_id = self._next_part
+        self._next_part += 1
+        return part_id
 
     def _intake(self, message: Any) -> None:
         error = message.error()
@@ -420,7 +566,9 @@ class Consumer:
                 state = self._partitions[(pending.wire[0], pending.wire[1])]
                 if self._is_stale(pending):
                     self._scheduler.release(pending)
-                    self._drop_stale(state, pending)
+                    self._drop_stale(
+                        state, pending.wire, functools.partial(self._finish, state, pending)
+                    )
                 else:
                     items.append((state, pending))
             if items:
@@ -441,7 +589,9 @@ class Consumer:
         return max(1, int(_BATCH_TARGET_S / max(self._event_seconds, 1e-9)))
 
     def _learn_handler_time(self, task: _Task) -> None:
-        per_event = (time.monotonic() - task.started) / len(task.items)
+        self._learn_event_seconds((time.monotonic() - task.started) / len(task.items))
+
+    def _learn_event_seconds(self, per_event: float) -> None:
         previous = self._event_seconds
         self._event_seconds = per_event if previous is None else 0.8 * previous + 0.2 * per_event
 
@@ -464,6 +614,8 @@ class Consumer:
                     self._settle(state, pending, failures.get(index))
             elif isinstance(event, EventsDone):
                 self._events_done(event)
+            elif isinstance(event, Progress):
+                self._progress(event)
             else:
                 self._worker_died(event)
 
@@ -489,6 +641,67 @@ class Consumer:
             if len(task.done) == len(task.items):
                 del self._tasks[task_id]
 
+    def _progress(self, progress: Progress) -> None:
+        """A worker's report on its parts: failures first, so that a part's `None`
+        (everything not reported before) counts only what finished."""
+        parts = self._parts
+        for part_id, index, attempt, failure, gave_up in progress.failures:
+            part = parts.get(part_id)
+            if part is None:  # revoked, or abandoned at a shutdown
+                continue
+            state = part.chunk.state
+            self._log_failure(part.topic, part.partition, part.items[index][0], attempt, failure)
+            if gave_up:
+                self._part_settled(part_id, part, [index], 1)
+                if state.active:
+                    wire = wire_from_raw(part.topic, part.partition, part.items[index])
+                    done = functools.partial(self._settle_chunk, part.chunk, 1)
+                    self._dead_letter(state, wire, attempt, failure, done)
+            else:
+                self._counters.retried += 1
+                if part.attempts is None:
+                    part.attempts = [1] * len(part.items)
+                part.attempts[index] = attempt + 1
+        for part_id, indexes in progress.dropped:
+            part = parts.get(part_id)
+            if part is None:
+                continue
+            self._part_settled(part_id, part, indexes, len(indexes))
+            if part.chunk.state.active:
+                self._release_held(part.chunk.state, len(indexes))
+                self._counters.dropped += len(indexes)
+        for part_id, finished in progress.finished:
+            part = parts.get(part_id)
+            if part is None:
+                continue
+            count = part.left if finished is None else len(finished)
+            self._part_settled(part_id, part, finished, count)
+            self._counters.processed += count
+            self._settle_chunk(part.chunk, count)
+        if progress.handled:
+            self._learn_event_seconds(progress.busy_s / progress.handled)
+
+    def _part_settled(
+        self, part_id: int, part: _Part, indexes: list[int] | None, count: int
+    ) -> None:
+        part.left -= count
+        if not part.left:
+            del self._parts[part_id]
+        elif indexes is not None:
+            part.settled.update(indexes)
+
+    def _settle_chunk(self, chunk: _Chunk, count: int) -> None:
+        """`count` events of the chunk finished: once all did, so did its offset range."""
+        state = chunk.state
+        if not state.active:
+            return
+        state.held -= count
+        self._held -= count
+        self._policy.finished(count)
+        chunk.left -= count
+        if not chunk.left:
+            state.offsets.finish(chunk.first, chunk.end)
+
     def _worker_died(self, event: WorkerDied) -> None:
         self._counters.worker_restarts += 1
         log.warning(
@@ -502,6 +715,48 @@ class Consumer:
                 self._failed(state, pending, died)
         if event.task_id is not None:
             self._sequential_worker_died(event.task_id, event.index, died)
+        self._parts_died(event.worker, died)
+
+    def _parts_died(self, worker: int, died: Failure) -> None:
+        """Every event of the dead worker's parts that it did not report failed: those
+        with attempts left go to its replacement in their order, which retries them."""
+        resend: list[PartWire] = []
+        for part_id, part in [(i, p) for i, p in self._parts.items() if p.worker == worker]:
+            del self._parts[part_id]
+            state = part.chunk.state
+            items: list[RawRecord] = []
+            attempts: list[int] = []
+            for index, raw in enumerate(part.items):
+                if index in part.settled:
+                    continue
+                attempt = part.attempts[index] if part.attempts else 1
+                self._log_failure(part.topic, part.partition, raw[0], attempt, died)
+                if not state.active:
+                    continue
+                if attempt >= self._settings.max_attempts:
+                    wire = wire_from_raw(part.topic, part.partition, raw)
+                    done = functools.partial(self._settle_chunk, part.chunk, 1)
+                    self._dead_letter(state, wire, attempt, died, done)
+                else:
+                    self._counters.retried += 1
+                    items.append(raw)
+                    attempts.append(attempt + 1)
+            if items:
+                new_id = self._new_part_id()
+                self._parts[new_id] = _Part(
+                    part.chunk,
+                    worker,
+                    part.topic,
+                    part.partition,
+                    items,
+                    attempts,
+                    time.monotonic(),
+                    len(items),
+                )
+                resend.append((new_id, part.topic, part.partition, items, attempts))
+        if resend:
+            assert self._pool is not None
+            self._pool.send_parts(worker, resend)
 
     def _sequential_worker_died(self, task_id: int, running: int, died: Failure) -> None:
         """Events before `running` finished, the one at it failed, the rest never ran."""
@@ -529,54 +784,73 @@ class Consumer:
             self._scheduler.put_back(pending)
 
     def _failed(self, state: _PartitionState, pending: Pending, failure: Failure) -> None:
-        self._counters.failed += 1
-        error_type, message, _ = failure
-        log.warning(
-            "consumer group %s: handler failed on %s/%d@%d (attempt %d): %s: %s",
-            self.group,
-            pending.wire[0],
-            pending.wire[1],
-            pending.offset,
-            pending.attempt,
-            error_type,
-            message,
-        )
+        wire = pending.wire
+        self._log_failure(wire[0], wire[1], pending.offset, pending.attempt, failure)
         if not state.active:
             return
         if pending.attempt >= self._settings.max_attempts:
-            self._dead_letter(state, pending, failure)
+            done = functools.partial(self._finish, state, pending)
+            self._dead_letter(state, wire, pending.attempt, failure, done)
             return
         pending.not_before = self._clock.monotonic() + self._settings.retry_delay(pending.attempt)
         pending.attempt += 1
         self._counters.retried += 1
         self._scheduler.put_back(pending)
 
+    def _log_failure(
+        self, topic: str, partition: int, offset: int, attempt: int, failure: Failure
+    ) -> None:
+        self._counters.failed += 1
+        error_type, message, _ = failure
+        log.warning(
+            "consumer group %s: handler failed on %s/%d@%d (attempt %d): %s: %s",
+            self.group,
+            topic,
+            partition,
+            offset,
+            attempt,
+            error_type,
+            message,
+        )
+
     # ----------------------------------------------------------------- forwarding
 
-    def _dead_letter(self, state: _PartitionState, pending: Pending, failure: Failure) -> None:
-        topic, partition, offset = pending.wire[0], pending.wire[1], pending.wire[2]
-        values = (*failure, topic, str(partition), str(offset), str(pending.attempt))
+    def _dead_letter(
+        self,
+        state: _PartitionState,
+        wire: WireRecord,
+        attempt: int,
+        failure: Failure,
+        done: Callable[[], None],
+    ) -> None:
+        """Forward the event to the dead-letter topic; `done` once the broker has it."""
+        topic, partition, offset = wire[0], wire[1], wire[2]
+        values = (*failure, topic, str(partition), str(offset), str(attempt))
         headers = [
             (name, value.encode()) for name, value in zip(DEAD_LETTER_HEADERS, values, strict=True)
         ]
         target = self._settings.dead_letter_topic.format(topic=topic)
-        self._forwards.append(_Forward(state, pending, target, headers, "dead_lettered"))
+        self._forwards.append(_Forward(state, wire, target, headers, "dead_lettered", done))
 
-    def _drop_stale(self, state: _PartitionState, pending: Pending) -> None:
+    def _drop_stale(
+        self, state: _PartitionState, wire: WireRecord, done: Callable[[], None]
+    ) -> None:
+        """Skip a stale event, forwarding it if there is a stale topic; `done` once it
+        counts as finished."""
         template = self._settings.stale_topic
         if template is None:
             self._counters.stale += 1
-            self._finish(state, pending)
+            done()
             return
-        created = pending.wire[6] or 0
+        created = wire[6] or 0
         headers = [
-            ("stale.original.topic", pending.wire[0].encode()),
-            ("stale.original.partition", str(pending.wire[1]).encode()),
-            ("stale.original.offset", str(pending.offset).encode()),
+            ("stale.original.topic", wire[0].encode()),
+            ("stale.original.partition", str(wire[1]).encode()),
+            ("stale.original.offset", str(wire[2]).encode()),
             ("stale.age_ms", str(self._clock.now_ms() - created).encode()),
         ]
-        target = template.format(topic=pending.wire[0])
-        self._forwards.append(_Forward(state, pending, target, headers, "stale"))
+        target = template.format(topic=wire[0])
+        self._forwards.append(_Forward(state, wire, target, headers, "stale", done))
 
     def _service_forwards(self) -> None:
         """Produce queued dead letters and stale events; each counts as finished only
@@ -594,7 +868,7 @@ class Consumer:
         for forward in due:
             if not forward.state.active:
                 continue
-            wire = forward.pending.wire
+            wire = forward.wire
             producer.produce(
                 forward.target,
                 value=wire[4],
@@ -618,7 +892,7 @@ class Consumer:
                 self._forwards.append(forward)
                 return
             setattr(self._counters, forward.counter, getattr(self._counters, forward.counter) + 1)
-            self._finish(forward.state, forward.pending)
+            forward.done()
 
         return delivered
 
@@ -754,6 +1028,7 @@ class Consumer:
         keys = [(tp.topic, tp.partition) for tp in partitions]
         states = {key: self._partitions[key] for key in keys if key in self._partitions}
         self._drop_waiting(states)
+        self._drop_parts(states)
         if commit:
             deadline = time.monotonic() + self._settings.revoke_timeout_s
             while self._running_on(states.values()) and time.monotonic() < deadline:
@@ -766,6 +1041,7 @@ class Consumer:
             self._held -= state.held
             del self._partitions[key]
         self._forwards = [f for f in self._forwards if f.state.active]
+        self._parts = {i: p for i, p in self._parts.items() if p.chunk.state.active}
         log.info(
             "consumer group %s: %s %s",
             self.group,
@@ -780,9 +1056,19 @@ class Consumer:
             self._release_held(state, dropped)
             self._counters.dropped += dropped
 
+    def _drop_parts(self, states: dict[TopicPartitionKey, _PartitionState]) -> None:
+        """Have the workers drop the events they hold of these partitions (each reports
+        them as dropped), so only the ones running need to finish."""
+        wanted = {id(state) for state in states.values()}
+        if any(id(part.chunk.state) in wanted for part in self._parts.values()):
+            assert self._pool is not None
+            self._pool.drop(dict.fromkeys(states, self._next_part - 1))
+
     def _running_on(self, states: Iterable[_PartitionState]) -> bool:
         wanted = {id(state) for state in states}
-        return any(id(s) in wanted for task in self._tasks.values() for s, _ in task.unfinished())
+        return any(
+            id(s) in wanted for task in self._tasks.values() for s, _ in task.unfinished()
+        ) or any(id(part.chunk.state) in wanted for part in self._parts.values())
 
     # ----------------------------------------------------------------- shutdown
 
@@ -793,18 +1079,21 @@ class Consumer:
         if assignment:
             self._kafka.pause(assignment)
         self._drop_waiting(dict(self._partitions))
+        self._drop_parts(self._partitions)
         deadline = time.monotonic() + self._settings.shutdown_timeout_s
-        while (self._tasks or self._forwards) and time.monotonic() < deadline:
+        while (self._tasks or self._parts or self._forwards) and time.monotonic() < deadline:
             self._handle_pool_events(self._pool_events(0.05))
             self._service_forwards()
             # Keep the membership alive; anything fetched now is not taken.
             self._kafka.consume(1, 0)
             self._publish_status()
         abandoned = sum(len(task.unfinished()) for task in self._tasks.values())
+        abandoned += sum(part.left for part in self._parts.values())
         if abandoned:
             log.warning("consumer group %s: abandoned %d running events", self.group, abandoned)
         self._counters.abandoned += abandoned
         self._tasks.clear()
+        self._parts.clear()
         assert self._pool is not None
         self._pool.stop()
         if self._producer is not None:
@@ -839,13 +1128,15 @@ class Consumer:
             for key, state in sorted(self._partitions.items())
         )
         starts = [task.started for task in self._tasks.values()]
+        starts += [part.started for part in self._parts.values()]
         self._shared.status = ConsumerStatus(
             group=self.group,
             state=self._state,
             paused=self._paused,
             buffered=self._held,
             waiting=self._scheduler.waiting,
-            in_flight=sum(len(task.items) - len(task.done) for task in self._tasks.values()),
+            in_flight=sum(len(task.items) - len(task.done) for task in self._tasks.values())
+            + sum(part.left for part in self._parts.values()),
             oldest_in_flight_s=now - min(starts) if starts else None,
             partitions=partitions,
             counters=dataclasses.replace(self._counters),
@@ -868,6 +1159,11 @@ class Consumer:
                     self._shared.ends = {**self._shared.ends, **ends}
             self._lag_wakeup.wait(self._settings.lag_interval_s)
             self._lag_wakeup.clear()
+
+
+def _created_before(raw: RawRecord, oldest_ms: float) -> bool:
+    created = create_time_of(raw)
+    return created is not None and created < oldest_ms
 
 
 def _names(partitions: Iterable[TopicPartition]) -> str:

@@ -10,6 +10,21 @@ from eventspool.consumer.scheduler import Ordering
 
 
 @dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and when a failed event is tried again: what a worker needs to retry
+    key-ordered events itself."""
+
+    max_attempts: int
+    backoff_s: float
+    backoff_max_s: float
+
+    def delay(self, failed_attempts: int) -> float:
+        """Exponential backoff after the n-th failure."""
+        delay: float = self.backoff_s * 2.0 ** (failed_attempts - 1)
+        return min(delay, self.backoff_max_s)
+
+
+@dataclass(frozen=True, slots=True)
 class ConsumerSettings:
     """Consumer behaviour.
 
@@ -63,7 +78,10 @@ class ConsumerSettings:
                 "(a forked child would inherit librdkafka's threads)"
             )
 
+    @property
+    def retry(self) -> RetryPolicy:
+        return RetryPolicy(self.max_attempts, self.retry_backoff_s, self.retry_backoff_max_s)
+
     def retry_delay(self, failed_attempts: int) -> float:
         """Exponential backoff after the n-th failure."""
-        delay: float = self.retry_backoff_s * 2.0 ** (failed_attempts - 1)
-        return min(delay, self.retry_backoff_max_s)
+        return self.retry.delay(failed_attempts)

@@ -1,0 +1,251 @@
+"""Key-hash routing, in process: the worker's per-key order across retries and drops, the
+reports the poll thread accounts by, and offset ranges finished as one."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eventspool.consumer.offsets import PartitionOffsets
+from eventspool.consumer.pool import Drop, Parts, Progress, _AsyncWorker, _PlainWorker
+from eventspool.consumer.record import RawRecord, Record
+from eventspool.consumer.scheduler import Ordering, worker_for
+from eventspool.consumer.settings import RetryPolicy
+
+
+class _Pipe:
+    """What the worker sends, kept."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def send(self, message: Any) -> None:
+        self.sent.append(message)
+
+
+class _Progress:
+    value = -1
+
+
+def _raw(offset: int, key: bytes) -> RawRecord:
+    return (offset, key, b"%d" % offset, None, (0, 0))
+
+
+def _worker(handler: Any, max_attempts: int, backoff_s: float = 0.0) -> tuple[_PlainWorker, _Pipe]:
+    pipe = _Pipe()
+    retry = RetryPolicy(max_attempts, backoff_s, backoff_s)
+    worker = _PlainWorker(pipe, handler, Ordering.KEY, _Progress(), retry)  # type: ignore[arg-type]
+    return worker, pipe
+
+
+def _drain(worker: _PlainWorker) -> None:
+    """Run what the worker holds, waiting for retries to be due, then report."""
+    while worker._ready or worker._timers:
+        job = worker._next()
+        assert job is not None
+        worker._run(job)
+    worker._flush()
+
+
+def _reports(pipe: _Pipe) -> list[Progress]:
+    return [message for message in pipe.sent if isinstance(message, Progress)]
+
+
+_KEYS = st.lists(st.sampled_from([b"a", b"b", b"c", b"d"]), min_size=1, max_size=40)
+_FAILING = st.sets(st.integers(min_value=0, max_value=39))
+
+
+def _check(calls: list[Record], keys: list[bytes], failing: set[int], max_attempts: int) -> None:
+    """Events in `failing` failed every attempt, each retried in place (holding back its
+    key's later events), then given up; every other event ran once, in its key's order."""
+    for key in set(keys):
+        tried = [(r.offset, r.attempt) for r in calls if r.key == key]
+        expected = [
+            (offset, attempt)
+            for offset, k in enumerate(keys)
+            if k == key
+            for attempt in range(1, (max_attempts if offset in failing else 1) + 1)
+        ]
+        assert tried == expected, f"key {key!r}"
+
+
+def _check_reports(
+    reports: list[Progress], keys: list[bytes], failing: set[int], max_attempts: int, split: int
+) -> None:
+    """Each event is settled once: finished, or given up after its last attempt."""
+    settled: dict[int, str] = {}
+    first_offset = {0: 0, 1: split}
+    for report in reports:
+        for part, index, attempt, _failure, gave_up in report.failures:
+            if gave_up:
+                assert attempt == max_attempts
+                assert first_offset[part] + index not in settled
+                settled[first_offset[part] + index] = "gave up"
+        for part, indexes in report.finished:
+            size = split if part == 0 else len(keys) - split
+            for index in range(size) if indexes is None else indexes:
+                offset = first_offset[part] + index
+                if indexes is None and settled.get(offset) == "gave up":
+                    continue
+                assert offset not in settled
+                settled[offset] = "finished"
+    assert settled == {
+        offset: "gave up" if offset in failing else "finished" for offset in range(len(keys))
+    }
+    assert sum(report.settled for report in reports) == len(keys)
+
+
+def _parts(keys: list[bytes], split: int) -> list[Parts]:
+    items = [_raw(offset, key) for offset, key in enumerate(keys)]
+    return [Parts([(0, "t", 0, items[:split], None)]), Parts([(1, "t", 0, items[split:], None)])]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=_KEYS,
+    failing=_FAILING,
+    max_attempts=st.integers(min_value=1, max_value=3),
+    split=st.integers(min_value=0, max_value=40),
+)
+def test_a_worker_runs_each_keys_events_in_order_and_settles_each_once(
+    keys: list[bytes], failing: set[int], max_attempts: int, split: int
+) -> None:
+    calls: list[Record] = []
+
+    def handler(record: Record) -> None:
+        calls.append(record)
+        if record.offset in failing:
+            raise ValueError("fails")
+
+    worker, pipe = _worker(handler, max_attempts)
+    split = min(split, len(keys))
+    for transfer in _parts(keys, split):
+        worker._take(transfer)
+    _drain(worker)
+    _check(calls, keys, failing, max_attempts)
+    _check_reports(_reports(pipe), keys, failing, max_attempts, split)
+
+
+class _AsyncPipe(_Pipe):
+    """Hands the worker its transfers, then a stop once it has settled `total` events."""
+
+    def __init__(self, transfers: list[Parts], total: int) -> None:
+        super().__init__()
+        self.total = total
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for transfer in transfers:
+            self.inbox.put(transfer)
+
+    def recv(self) -> Any:
+        return self.inbox.get()
+
+    def send(self, message: Any) -> None:
+        super().send(message)
+        if sum(report.settled for report in _reports(self)) == self.total:
+            self.inbox.put(None)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    keys=_KEYS,
+    failing=_FAILING,
+    max_attempts=st.integers(min_value=1, max_value=3),
+    split=st.integers(min_value=0, max_value=40),
+    concurrency=st.integers(min_value=1, max_value=4),
+)
+def test_an_async_worker_runs_each_keys_events_in_order_and_settles_each_once(
+    keys: list[bytes], failing: set[int], max_attempts: int, split: int, concurrency: int
+) -> None:
+    calls: list[Record] = []
+
+    async def handler(record: Record) -> None:
+        calls.append(record)
+        await asyncio.sleep(0)
+        if record.offset in failing:
+            raise ValueError("fails")
+
+    split = min(split, len(keys))
+    pipe = _AsyncPipe(_parts(keys, split), len(keys))
+    retry = RetryPolicy(max_attempts, 0.0, 0.0)
+    worker = _AsyncWorker(pipe, handler, Ordering.KEY, concurrency, retry)  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(worker.serve(), 10))
+    _check(calls, keys, failing, max_attempts)
+    _check_reports(_reports(pipe), keys, failing, max_attempts, split)
+
+
+def test_a_drop_forgets_held_and_queued_events_of_revoked_partitions_only() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def handler(record: Record) -> None:
+        calls.append((record.partition, record.offset))
+        if (record.partition, record.offset, record.attempt) == (0, 0, 1):
+            raise ValueError("fails once")
+
+    worker, pipe = _worker(handler, max_attempts=3)
+    worker._take(Parts([(0, "t", 0, [_raw(0, b"k"), _raw(1, b"k")], None)]))
+    worker._take(Parts([(1, "t", 1, [_raw(0, b"k")], None)]))
+    worker._run(worker._ready.popleft())  # fails: key k of partition 0 waits for its retry
+    worker._take(Drop({("t", 0): 0}))
+    worker._take(Parts([(2, "t", 0, [_raw(2, b"k")], None)]))  # reassigned: a new part
+    _drain(worker)
+    assert calls == [(0, 0), (1, 0), (0, 2)]
+    (report,) = _reports(pipe)
+    assert sorted(report.dropped) == [(0, [0, 1])]
+    assert sorted(report.finished) == [(1, None), (2, None)]
+
+
+def test_a_resent_event_waits_its_backoff_and_holds_its_key() -> None:
+    calls: list[tuple[int, int]] = []
+    worker, _pipe = _worker(lambda r: calls.append((r.offset, r.attempt)), 4, backoff_s=0.05)
+    worker._take(Parts([(0, "t", 0, [_raw(5, b"k"), _raw(6, b"k")], [2, 2])]))
+    worker._take(Parts([(1, "t", 0, [_raw(7, b"k"), _raw(8, b"j")], None)]))
+    _drain(worker)
+    assert calls == [(8, 1), (5, 2), (6, 2), (7, 1)]
+
+
+def test_routing_is_stable_and_spreads_keys_over_the_workers() -> None:
+    keys = [b"key-%d" % n for n in range(1000)]
+    assignment = [worker_for(key, 2) for key in keys]
+    assert assignment == [worker_for(key, 2) for key in keys]
+    assert 400 < assignment.count(0) < 600
+    assert {worker_for(key, 3) for key in keys} == {0, 1, 2}
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=30),
+    data=st.data(),
+)
+def test_ranges_commit_only_below_the_first_unfinished_range(
+    sizes: list[int], data: st.DataObject
+) -> None:
+    offsets = PartitionOffsets()
+    starts: list[int] = []
+    position = 0
+    for size in sizes:
+        offsets.add_range(position, position + size)
+        starts.append(position)
+        position += size
+    ends = dict(zip(starts, [*starts[1:], position], strict=True))
+    finished = data.draw(st.lists(st.sampled_from(starts), unique=True))
+    for start in finished:
+        offsets.finish(start, ends[start])
+    unfinished = [start for start in starts if start not in finished]
+    assert offsets.committable() == (unfinished[0] if unfinished else position)
+    assert not offsets.add(position - 1), "a refetch inside a range is stale"
+
+
+def test_a_forgotten_range_finishing_late_leaves_its_refetch_cut_differently_alone() -> None:
+    offsets = PartitionOffsets()
+    offsets.add_range(0, 10)
+    offsets.add_range(10, 20)
+    offsets.finish(0, 10)
+    offsets.forget_from(10)
+    offsets.add_range(10, 30)  # fetched again after the seek, in a larger chunk
+    offsets.finish(10, 20)  # the old chunk reports late: its events are not all of these
+    assert offsets.committable() == 10
+    offsets.finish(10, 30)
+    assert offsets.committable() == 30
