@@ -56,7 +56,7 @@ RecordProperty = Callable[[str, object], None]
 
 MAX_EVENT_BYTES = 100_000  # what tests/agent/conftest.py writes into [spool]
 TARGET_INPUTS = 100_000  # asserted; the fuzzers go on to FUZZ_QUOTA
-FUZZ_QUOTA = 250_000
+FUZZ_QUOTA = 150_000
 FUZZ_BUDGET_S = 150.0  # then stop, however many were sent (and fail below 100,000)
 FUZZ_THREADS = 3
 IO_TIMEOUT_S = 15.0  # an agent that has not answered or closed by then is wedged
