@@ -734,6 +734,15 @@ def measure(
                 drains.append(side.wait_drained(profile.drain_timeout_s))
                 rates[name] = sent.rate
 
+            # send_async() over both: frames of many events, where TLS costs per record.
+            sides = [(agent, plaintext, "tcp_async_plain"), (secure, encrypted, "tcp_async_tls")]
+            for side, client, name in sides if rep % 2 == 0 else reversed(sides):
+                cpu = side.cpu_s()
+                sent = async_rate(client, value, CLIENT_THREADS, profile.pass_seconds)
+                add_pass(runs, name, sent, side.cpu_s() - cpu)
+                drains.append(side.wait_drained(profile.drain_timeout_s))
+                rates[name] = sent.rate
+
             cpu = agent.cpu_s()
             fired = async_rate(batching, value, CLIENT_THREADS, profile.pass_seconds)
             add_pass(runs, "async", fired, agent.cpu_s() - cpu)
@@ -766,7 +775,8 @@ def measure(
                 f"{fired.rate:,.0f}/s), {PROCESSES} processes "
                 f"{many.rate:,.0f}/s, round trip p50 {summary['p50_us']:.0f} us "
                 f"p99 {summary['p99_us']:.0f} us, Spool.send() {spool.rate:,.0f}/s, "
-                f"TCP {rates['tcp_plain']:,.0f}/s, TLS {rates['tcp_tls']:,.0f}/s"
+                f"TCP {rates['tcp_plain']:,.0f}/s, TLS {rates['tcp_tls']:,.0f}/s (send_async "
+                f"{rates['tcp_async_plain']:,.0f}/s, {rates['tcp_async_tls']:,.0f}/s)"
             )
     facts["drain_wait_s_max"] = round(max(drains), 3)
     stats = agent.stats()
@@ -781,6 +791,7 @@ def build_result(
     ours = figures["one_client_rate"]
     access_ratio = safe_ratio(figures["access_rules_rate"], ours)
     tls_ratio = safe_ratio(figures["tcp_tls_rate"], figures["tcp_plain_rate"])
+    tls_async_ratio = safe_ratio(figures["tcp_async_tls_rate"], figures["tcp_async_plain_rate"])
     anchor = figures["anchor_rate"]
     result: dict[str, object] = {
         "figure": FIGURE,
@@ -836,6 +847,9 @@ def build_result(
         "rate_tcp_tls": round(figures["tcp_tls_rate"]),
         "tcp_tls_ratio": tls_ratio,
         "tls_cost": None if tls_ratio is None else round(1 - tls_ratio, 4),
+        "rate_tcp_async_plaintext": round(figures["tcp_async_plain_rate"]),
+        "rate_tcp_async_tls": round(figures["tcp_async_tls_rate"]),
+        "tls_cost_send_async": None if tls_async_ratio is None else round(1 - tls_async_ratio, 4),
         "rtt_p50_us": figures["rtt_p50_us"],
         "rtt_p99_us": figures["rtt_p99_us"],
         "rtt_p999_us": figures["rtt_p999_us"],
@@ -870,6 +884,8 @@ def build_result(
                 "access_rules",
                 "tcp_plain",
                 "tcp_tls",
+                "tcp_async_plain",
+                "tcp_async_tls",
                 "async",
                 "processes",
                 "anchor",
@@ -886,7 +902,8 @@ def build_result(
             "tcp": f"the one_client pass over loopback TCP ({TCP_HOST}): in plaintext to the "
             "first agent's TCP listener, and with TLS (server certificate only, P-256, made "
             "at start by openssl) to a third agent with the same settings; alternating, "
-            "one connection each, its TLS handshake before the pass",
+            "one connection each, its TLS handshake before the pass; then the send_async "
+            "pass over both the same way",
             "send_async": f"{CLIENT_THREADS} threads sharing one Client, each calling "
             "send_async() in a loop; the pass ends when every future resolved",
             "handoff_ceiling": f"{CLIENT_THREADS} threads each blocked on its own lock, "
@@ -962,6 +979,13 @@ def print_summary(result: dict[str, object]) -> None:
                 cpu["agent_tcp_plaintext"],
             ],
             ["loopback TCP, TLS (events/s)", result["rate_tcp_tls"], None, cpu["agent_tcp_tls"]],
+            [
+                "loopback TCP send_async, plaintext (events/s)",
+                result["rate_tcp_async_plaintext"],
+                None,
+                None,
+            ],
+            ["loopback TCP send_async, TLS (events/s)", result["rate_tcp_async_tls"], None, None],
         ],
     )
     print(
