@@ -89,6 +89,8 @@ _INLINE_MAX_EVENTS = 64
 # Requests of one connection waiting for the thread pool before its reading pauses.
 _MAX_WAITING_REQUESTS = 256
 _TOPIC_CACHE_MAX = 10_000
+# Names one connection was found permitted to use; beyond it, each request is judged anew.
+_PERMITTED_MAX = 1024
 # Client hosts and reasons whose refused handshake or token was logged; beyond it, counted only.
 _REFUSALS_LOGGED_MAX = 1000
 # OpenSSL's reasons when what arrived is no TLS at all.
@@ -656,6 +658,9 @@ class _FrameConnection(asyncio.Protocol):
         self.client = ""
         self.peer = Peer(None, None, None)
         self.grant: Grant | None = None
+        # (frame type, raw name) of SENDs and PUBLISHes this client may make: the allow-list
+        # and its grant are fixed for the connection, so each name is judged once.
+        self._permitted: set[tuple[FrameType, bytes]] = set()
         # A TCP client of an agent with tokens, until its AUTH is accepted: nothing else is.
         self.unauthenticated = False
         self.decoder = FrameDecoder(server.max_frame)
@@ -772,22 +777,29 @@ class _FrameConnection(asyncio.Protocol):
             return server.answer_now(frame)
         server.requests += 1
         if server.allow.active or self.grant is not None:
-            name = _target_name(frame.body)
-            refusal = (
-                None
-                if name is None  # the decoder's own error follows
-                else server.refusal(
-                    name, exchange=frame.type is FrameType.PUBLISH, grant=self.grant
-                )
-            )
-            if refusal is not None:
-                return encode_error(frame.request_id, Status.FORBIDDEN, refusal)
+            body = frame.body
+            target = (frame.type, body[2 : 2 + int.from_bytes(body[:2], "big")])
+            if target not in self._permitted:
+                refusal = self._refusal(frame)
+                if refusal is not None:
+                    return encode_error(frame.request_id, Status.FORBIDDEN, refusal)
+                if len(self._permitted) < _PERMITTED_MAX:
+                    self._permitted.add(target)
         queue = server.queue_of(frame)
         if queue is not None:
             self._enqueue(queue, frame)
             return None
         answer, accepted = server.spool_request(frame)
         return self._after_quota(frame, answer, accepted)
+
+    def _refusal(self, frame: Frame) -> str | None:
+        """Why this client may not send `frame`; None when it may, or when the body does
+        not decode (the decoder's own error follows)."""
+        name = _target_name(frame.body)
+        if name is None:
+            return None
+        exchange = frame.type is FrameType.PUBLISH
+        return self.server.refusal(name, exchange=exchange, grant=self.grant)
 
     def _after_quota(self, frame: Frame, answer: bytes, accepted: int) -> bytes | None:
         """A client or topic over its quota gets its answer late and is read no further."""
