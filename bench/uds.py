@@ -714,34 +714,41 @@ def measure(
             f"{warm_processes.rate:,.0f}/s"
         )
         rates: dict[str, float] = {}
+
+        def alternate(
+            rep: int, sides: list[tuple[Agent, str]], run: Callable[[str], RatePass]
+        ) -> None:
+            """Run the pass of each side, in alternating order from one repetition to the
+            next, and record its rate and the agent's CPU."""
+            for side, name in sides if rep % 2 == 0 else reversed(sides):
+                cpu = side.cpu_s()
+                sent = run(name)
+                add_pass(runs, name, sent, side.cpu_s() - cpu)
+                drains.append(side.wait_drained(profile.drain_timeout_s))
+                rates[name] = sent.rate
+
+        clients = {
+            "one_client": batching,
+            "access_rules": checked,
+            "tcp_plain": plaintext,
+            "tcp_tls": encrypted,
+            "tcp_async_plain": plaintext,
+            "tcp_async_tls": encrypted,
+        }
+
+        def blocking(name: str) -> RatePass:
+            return timed_rate(clients[name].send, value, CLIENT_THREADS, profile.pass_seconds)
+
+        def firing(name: str) -> RatePass:
+            return async_rate(clients[name], value, CLIENT_THREADS, profile.pass_seconds)
+
         for rep in range(repeats):
-            # The same pass with and without the access checks, in alternating order.
-            sides = [(agent, batching, "one_client"), (ruled, checked, "access_rules")]
-            for side, client, name in sides if rep % 2 == 0 else reversed(sides):
-                cpu = side.cpu_s()
-                sent = timed_rate(client.send, value, CLIENT_THREADS, profile.pass_seconds)
-                add_pass(runs, name, sent, side.cpu_s() - cpu)
-                drains.append(side.wait_drained(profile.drain_timeout_s))
-                if name == "one_client":
-                    one = sent
-
-            # The same pass over loopback TCP, in plaintext and with TLS, alternating.
-            sides = [(agent, plaintext, "tcp_plain"), (secure, encrypted, "tcp_tls")]
-            for side, client, name in sides if rep % 2 == 0 else reversed(sides):
-                cpu = side.cpu_s()
-                sent = timed_rate(client.send, value, CLIENT_THREADS, profile.pass_seconds)
-                add_pass(runs, name, sent, side.cpu_s() - cpu)
-                drains.append(side.wait_drained(profile.drain_timeout_s))
-                rates[name] = sent.rate
-
+            # The same pass with and without the access checks.
+            alternate(rep, [(agent, "one_client"), (ruled, "access_rules")], blocking)
+            # The same pass over loopback TCP, in plaintext and with TLS.
+            alternate(rep, [(agent, "tcp_plain"), (secure, "tcp_tls")], blocking)
             # send_async() over both: frames of many events, where TLS costs per record.
-            sides = [(agent, plaintext, "tcp_async_plain"), (secure, encrypted, "tcp_async_tls")]
-            for side, client, name in sides if rep % 2 == 0 else reversed(sides):
-                cpu = side.cpu_s()
-                sent = async_rate(client, value, CLIENT_THREADS, profile.pass_seconds)
-                add_pass(runs, name, sent, side.cpu_s() - cpu)
-                drains.append(side.wait_drained(profile.drain_timeout_s))
-                rates[name] = sent.rate
+            alternate(rep, [(agent, "tcp_async_plain"), (secure, "tcp_async_tls")], firing)
 
             cpu = agent.cpu_s()
             fired = async_rate(batching, value, CLIENT_THREADS, profile.pass_seconds)
@@ -771,7 +778,7 @@ def measure(
             spool = anchor_pass(anchor, value, profile.pass_seconds)
             add_pass(runs, "anchor", spool, None)
             progress(
-                f"rep {rep + 1}/{repeats}: one client {one.rate:,.0f}/s (send_async "
+                f"rep {rep + 1}/{repeats}: one client {rates['one_client']:,.0f}/s (send_async "
                 f"{fired.rate:,.0f}/s), {PROCESSES} processes "
                 f"{many.rate:,.0f}/s, round trip p50 {summary['p50_us']:.0f} us "
                 f"p99 {summary['p99_us']:.0f} us, Spool.send() {spool.rate:,.0f}/s, "
