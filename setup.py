@@ -18,6 +18,7 @@ CORE = Extension(
         "src/eventspool/_core/intake.pxi",
         "src/eventspool/_core/ring.pxi",
         "src/eventspool/_core/route.pxi",
+        "src/eventspool/_core/transfer.pxi",
     ],
     extra_compile_args=["-O2", "-Wno-unused-function"],
 )

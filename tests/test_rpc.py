@@ -103,7 +103,7 @@ def test_requests_past_their_deadline_and_other_events_are_not_answered() -> Non
     clock = ManualClock()
     answer = Responder(functools.partial(upper_tagged, "a"), "127.0.0.1:9", clock=clock)
 
-    def request(headers: list[tuple[str, bytes]]) -> Record:
+    def request(headers: list[tuple[str, bytes | None]]) -> Record:
         return Record("requests", 0, 7, None, b"late", headers, None, None)
 
     started = time.monotonic()

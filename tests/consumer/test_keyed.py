@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from eventspool.consumer.offsets import PartitionOffsets
 from eventspool.consumer.pool import Drop, Parts, Progress, _AsyncWorker, _PlainWorker
 from eventspool.consumer.record import RawRecord, Record
-from eventspool.consumer.scheduler import Ordering, worker_for
+from eventspool.consumer.scheduler import Ordering
 from eventspool.consumer.settings import RetryPolicy
 
 
@@ -205,14 +205,6 @@ def test_a_resent_event_waits_its_backoff_and_holds_its_key() -> None:
     worker._take(Parts([(1, "t", 0, [_raw(7, b"k"), _raw(8, b"j")], None)]))
     _drain(worker)
     assert calls == [(8, 1), (5, 2), (6, 2), (7, 1)]
-
-
-def test_routing_is_stable_and_spreads_keys_over_the_workers() -> None:
-    keys = [b"key-%d" % n for n in range(1000)]
-    assignment = [worker_for(key, 2) for key in keys]
-    assert assignment == [worker_for(key, 2) for key in keys]
-    assert 400 < assignment.count(0) < 600
-    assert {worker_for(key, 3) for key in keys} == {0, 1, 2}
 
 
 @given(

@@ -22,6 +22,8 @@ def test_commit_stops_at_the_first_unfinished_offset() -> None:
     assert offsets.committable() == 15
     offsets.mark_committed(15)
     assert offsets.committable() is None
+    offsets.mark_committed(12)  # an earlier asynchronous commit reporting back late
+    assert offsets.committed == 15
     offsets.finish(15)
     assert offsets.committable() == 16
 

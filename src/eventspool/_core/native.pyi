@@ -175,3 +175,17 @@ class Deliveries:
         batch: list[tuple[int, bytes | None, bytes | None, int, _KafkaHeaders | None]],
         start: int,
     ) -> int: ...
+
+# (offset, key, value, headers, (timestamp type, timestamp)): eventspool.consumer.record.RawRecord
+_RawRecord = tuple[int, bytes | None, bytes | None, _Headers | None, tuple[int, int]]
+# (topic, partition, first offset, end offset, count, per worker (blob, records) or None, stale)
+KeyedRun = tuple[str, int, int, int, int, list[tuple[bytes, int] | None], list[_RawRecord]]
+
+def split_keyed(
+    messages: list[Any],
+    workers: int,
+    cap: int,
+    ends: dict[tuple[str, int], int | None],
+    oldest_ms: float | None,
+) -> list[Any]: ...
+def decode_records(blob: bytes) -> list[_RawRecord]: ...

@@ -92,7 +92,10 @@ class PartitionOffsets:
         return end
 
     def mark_committed(self, offset: int) -> None:
-        self._committed = offset
+        """Asynchronous commits may report back after a later blocking one: keep the
+        furthest."""
+        if self._committed is None or offset > self._committed:
+            self._committed = offset
 
 
 class CommitPolicy:

@@ -45,6 +45,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from eventspool._core.native import decode_records
 from eventspool.consumer.record import RawRecord, Record, WireRecord, record_from_raw
 from eventspool.consumer.scheduler import Ordering, TopicPartitionKey, scope_of
 from eventspool.consumer.settings import RetryPolicy
@@ -123,8 +124,9 @@ class WorkerDied:
 
 
 # A part: (part id, topic, partition, records, attempts or None for all first attempts).
-# Key-ordered events of one partition from one poll, all for one worker.
-PartWire = tuple[int, str, int, list[RawRecord], list[int] | None]
+# Key-ordered events of one partition from one poll, all for one worker; the records come
+# packed by the compiled core (`split_keyed`), or as a list when resent after a death.
+PartWire = tuple[int, str, int, list[RawRecord] | bytes, list[int] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +245,8 @@ class _WorkerLoop:
         self._bounds: dict[TopicPartitionKey, int] = {}
 
     def _jobs(self, part: PartWire) -> list[_Job]:
-        part_id, topic, partition, items, attempts = part
+        part_id, topic, partition, packed, attempts = part
+        items = decode_records(packed) if isinstance(packed, bytes) else packed
         self._left[part_id] = len(items)
         return [
             _Job(
@@ -675,10 +678,11 @@ class WorkerPool:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
             worker.conn.send((task_id, items))
 
-    def send_parts(self, index: int, parts: list[PartWire]) -> None:
-        """Hand parts to worker `index` in one transfer; it reports them in `Progress`."""
+    def send_parts(self, index: int, parts: list[PartWire], events: int) -> None:
+        """Hand parts (`events` in all) to worker `index` in one transfer; it reports them
+        in `Progress`."""
         worker = self._workers[index]
-        worker.parts += sum(len(part[3]) for part in parts)
+        worker.parts += events
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
             worker.conn.send(Parts(parts))
 

@@ -9,7 +9,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME
 
 # (topic, partition, offset, key, value, headers, create_time_ms, event_id): the form a
 # record crosses the process boundary in, cheaper to pickle than a dataclass.
-HeaderPairs = list[tuple[str, bytes]]
+HeaderPairs = list[tuple[str, bytes | None]]
 WireRecord = tuple[
     str, int, int, bytes | None, bytes | None, HeaderPairs | None, int | None, str | None
 ]
@@ -69,10 +69,6 @@ def wire_from_raw(topic: str, partition: int, raw: RawRecord) -> WireRecord:
 
 def record_from_raw(topic: str, partition: int, raw: RawRecord, attempt: int) -> Record:
     return Record(*wire_from_raw(topic, partition, raw), attempt=attempt)
-
-
-def create_time_of(raw: RawRecord) -> int | None:
-    return _identity(raw[3], raw[4])[0]
 
 
 def _identity(

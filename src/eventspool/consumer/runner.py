@@ -4,8 +4,11 @@ The poll thread never waits on a handler. It keeps calling `consume()` (librdkaf
 counts `max.poll.interval.ms` between those calls, paused or not), hands batches to idle
 workers, pauses every assigned partition while `max_buffered` events are held and
 resumes below the threshold, and commits per partition only the end of the finished
-prefix. Everything that touches consumer state runs on this one thread, rebalance
-callbacks included; other threads read a status snapshot it publishes.
+prefix: asynchronously on the count-or-time threshold, so a broker round trip never
+stalls intake, and blocking on revoke and shutdown, where the outcome must be known
+before the partition is let go. Everything that touches consumer state runs on this
+one thread, rebalance callbacks included; other threads read a status snapshot it
+publishes.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from eventspool._core.native import decode_records, split_keyed
 from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import validate_topic
 from eventspool.consumer.offsets import CommitPolicy, PartitionOffsets
@@ -46,7 +50,6 @@ from eventspool.consumer.pool import (
 from eventspool.consumer.record import (
     RawRecord,
     WireRecord,
-    create_time_of,
     wire_from_raw,
     wire_record,
 )
@@ -55,11 +58,13 @@ from eventspool.consumer.scheduler import (
     Pending,
     Scheduler,
     TopicPartitionKey,
-    worker_for,
 )
 from eventspool.consumer.settings import ConsumerSettings
 from eventspool.endoffsets import EndOffsetsError, true_end_offsets
 from eventspool.errors import EventspoolError
+
+if TYPE_CHECKING:
+    from eventspool._core.native import KeyedRun
 
 log = logging.getLogger("eventspool.consumer")
 
@@ -193,31 +198,24 @@ class _Chunk:
 @dataclass(slots=True, eq=False)
 class _Part:
     """A chunk's events for one worker, handed over in one transfer. `attempts` is kept
-    once one of them failed (or was resent); `settled` once some were reported one by one."""
+    once one of them failed (or was resent); `settled` once some were reported one by one.
+    `items` stays the packed blob the worker got until a failure or a death needs them."""
 
     chunk: _Chunk
     worker: int
     topic: str
     partition: int
-    items: list[RawRecord]
+    items: list[RawRecord] | bytes
     attempts: list[int] | None
     started: float
     left: int
     settled: set[int] = field(default_factory=set)
 
-
-@dataclass(slots=True, eq=False)
-class _Run:
-    """A chunk being read from one poll, its events sorted by worker."""
-
-    topic: str
-    partition: int
-    state: _PartitionState | None
-    end: int | None  # the offset after the last one taken: below it is a stale refetch
-    buckets: list[list[RawRecord]]
-    first: int = -1
-    count: int = 0
-    stale: list[RawRecord] = field(default_factory=list)
+    def records(self) -> list[RawRecord]:
+        if isinstance(self.items, bytes):
+            self.items = decode_records(self.items)
+        records: list[RawRecord] = self.items
+        return records
 
 
 @dataclass(slots=True)
@@ -348,6 +346,7 @@ class Consumer:
             "auto.offset.reset": "earliest",
             **self._settings.kafka,
             **_FORCED_KAFKA,
+            "on_commit": self._on_commit,
         }
 
     def request_stop(self) -> None:
@@ -442,7 +441,7 @@ class Consumer:
             self._dispatch()
         self._service_forwards()
         if self._policy.due():
-            self._commit(list(self._partitions.items()))
+            self._commit(list(self._partitions.items()), wait=False)
         self._publish_status()
 
     def _pool_events(self, timeout: float) -> list[PoolEvent]:
@@ -463,65 +462,40 @@ class Consumer:
         assert self._pool is not None
         workers = self._pool.size
         transfers: list[list[PartWire]] = [[] for _ in range(workers)]
-        cap = self._batch_for_handler_time()
+        counts = [0] * workers
         max_age = self._settings.max_age_s
         oldest_ms = None if max_age is None else self._clock.now_ms() - max_age * 1000
-        run: _Run | None = None
-        for message in messages:
-            key = message.key()
-            if key is None:  # keyless, or an error
-                if run is not None:
-                    self._hand_over(run, transfers)
-                    run = None
-                self._intake(message)
-                continue
-            topic = message.topic()
-            partition = message.partition()
-            if run is None or run.partition != partition or run.topic != topic or run.count >= cap:
-                if run is not None:
-                    self._hand_over(run, transfers)
-                state = self._partitions.get((topic, partition))
-                end = None if state is None else state.offsets.received_end
-                run = _Run(topic, partition, state, end, [[] for _ in range(workers)])
-            if run.state is None:
-                continue
-            offset = message.offset()
-            if run.end is not None and offset < run.end:
-                continue
-            if not run.count:
-                run.first = offset
-            run.end = offset + 1
-            run.count += 1
-            raw = (offset, key, message.value(), message.headers(), message.timestamp())
-            if oldest_ms is not None and _created_before(raw, oldest_ms):
-                run.stale.append(raw)
-                continue
-            run.buckets[worker_for(key, workers)].append(raw)
-        if run is not None:
-            self._hand_over(run, transfers)
+        ends = {key: state.offsets.received_end for key, state in self._partitions.items()}
+        cap = self._batch_for_handler_time()
+        for item in split_keyed(messages, workers, cap, ends, oldest_ms):
+            if type(item) is tuple:
+                self._hand_over(item, transfers, counts)
+            else:  # keyless, or an error
+                self._intake(item)
         for worker, parts in enumerate(transfers):
             if parts:
-                self._pool.send_parts(worker, parts)
+                self._pool.send_parts(worker, parts, counts[worker])
 
-    def _hand_over(self, run: _Run, transfers: list[list[PartWire]]) -> None:
-        state = run.state
-        if state is None or run.end is None or not run.count:
-            return
-        state.offsets.add_range(run.first, run.end)
-        state.held += run.count
-        self._held += run.count
-        self._counters.received += run.count
-        chunk = _Chunk(state, run.first, run.end, run.count)
+    def _hand_over(self, run: KeyedRun, transfers: list[list[PartWire]], counts: list[int]) -> None:
+        topic, partition, first, end, count, blobs, stale = run
+        state = self._partitions[(topic, partition)]
+        state.offsets.add_range(first, end)
+        state.held += count
+        self._held += count
+        self._counters.received += count
+        chunk = _Chunk(state, first, end, count)
         now = time.monotonic()
-        for worker, items in enumerate(run.buckets):
-            if items:
+        for worker, packed in enumerate(blobs):
+            if packed is not None:
+                blob, events = packed
                 part_id = self._new_part_id()
                 self._parts[part_id] = _Part(
-                    chunk, worker, run.topic, run.partition, items, None, now, len(items)
+                    chunk, worker, topic, partition, blob, None, now, events
                 )
-                transfers[worker].append((part_id, run.topic, run.partition, items, None))
-        for raw in run.stale:
-            wire = wire_from_raw(run.topic, run.partition, raw)
+                transfers[worker].append((part_id, topic, partition, blob, None))
+                counts[worker] += events
+        for raw in stale:
+            wire = wire_from_raw(topic, partition, raw)
             self._drop_stale(state, wire, functools.partial(self._settle_chunk, chunk, 1))
 
     def _new_part_id(self) -> int:
@@ -650,17 +624,18 @@ class Consumer:
             if part is None:  # revoked, or abandoned at a shutdown
                 continue
             state = part.chunk.state
-            self._log_failure(part.topic, part.partition, part.items[index][0], attempt, failure)
+            raw = part.records()[index]
+            self._log_failure(part.topic, part.partition, raw[0], attempt, failure)
             if gave_up:
                 self._part_settled(part_id, part, [index], 1)
                 if state.active:
-                    wire = wire_from_raw(part.topic, part.partition, part.items[index])
+                    wire = wire_from_raw(part.topic, part.partition, raw)
                     done = functools.partial(self._settle_chunk, part.chunk, 1)
                     self._dead_letter(state, wire, attempt, failure, done)
             else:
                 self._counters.retried += 1
                 if part.attempts is None:
-                    part.attempts = [1] * len(part.items)
+                    part.attempts = [1] * len(part.records())
                 part.attempts[index] = attempt + 1
         for part_id, indexes in progress.dropped:
             part = parts.get(part_id)
@@ -726,7 +701,7 @@ class Consumer:
             state = part.chunk.state
             items: list[RawRecord] = []
             attempts: list[int] = []
-            for index, raw in enumerate(part.items):
+            for index, raw in enumerate(part.records()):
                 if index in part.settled:
                     continue
                 attempt = part.attempts[index] if part.attempts else 1
@@ -756,7 +731,7 @@ class Consumer:
                 resend.append((new_id, part.topic, part.partition, items, attempts))
         if resend:
             assert self._pool is not None
-            self._pool.send_parts(worker, resend)
+            self._pool.send_parts(worker, resend, sum(len(part[3]) for part in resend))
 
     def _sequential_worker_died(self, task_id: int, running: int, died: Failure) -> None:
         """Events before `running` finished, the one at it failed, the rest never ran."""
@@ -914,7 +889,11 @@ class Consumer:
 
     # ----------------------------------------------------------------- offsets
 
-    def _commit(self, states: Iterable[tuple[TopicPartitionKey, _PartitionState]]) -> None:
+    def _commit(
+        self, states: Iterable[tuple[TopicPartitionKey, _PartitionState]], *, wait: bool = True
+    ) -> None:
+        """Commit the finished prefix of each partition. Without `wait` the outcome comes
+        to `_on_commit` from a later consume() on this thread."""
         offsets: list[TopicPartition] = []
         by_key: dict[TopicPartitionKey, tuple[_PartitionState, int]] = {}
         for key, state in states:
@@ -926,23 +905,32 @@ class Consumer:
         if not offsets:
             return
         try:
-            results = self._kafka.commit(offsets=offsets, asynchronous=False)
+            results = self._kafka.commit(offsets=offsets, asynchronous=not wait)
         except KafkaException as exc:
             log.warning("consumer group %s: commit failed: %s", self.group, exc)
             for key in by_key:
                 self._commit_failed(key)
             return
-        for result in results or ():
+        if wait:
+            self._commit_done(None, results or ())
+
+    def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """librdkafka's report of an asynchronous commit (blocking ones are not reported
+        here; `_commit` settles those itself)."""
+        self._commit_done(error, partitions)
+
+    def _commit_done(self, error: KafkaError | None, results: Iterable[TopicPartition]) -> None:
+        for result in results:
             key = (result.topic, result.partition)
-            if key not in by_key:
+            state = self._partitions.get(key)
+            if state is None:
                 continue
-            if result.error is not None:
-                log.warning(
-                    "consumer group %s: commit of %s failed: %s", self.group, key, result.error
-                )
+            problem = result.error or error
+            if problem is not None and problem.code() != KafkaError._NO_OFFSET:
+                log.warning("consumer group %s: commit of %s failed: %s", self.group, key, problem)
                 self._commit_failed(key)
-            else:
-                by_key[key][0].offsets.mark_committed(by_key[key][1])
+            elif result.offset >= 0:
+                state.offsets.mark_committed(result.offset)
         self._counters.commits += 1
 
     def _commit_failed(self, key: TopicPartitionKey) -> None:
@@ -1159,11 +1147,6 @@ class Consumer:
                     self._shared.ends = {**self._shared.ends, **ends}
             self._lag_wakeup.wait(self._settings.lag_interval_s)
             self._lag_wakeup.clear()
-
-
-def _created_before(raw: RawRecord, oldest_ms: float) -> bool:
-    created = create_time_of(raw)
-    return created is not None and created < oldest_ms
 
 
 def _names(partitions: Iterable[TopicPartition]) -> str:

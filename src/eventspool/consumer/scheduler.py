@@ -8,7 +8,6 @@ A batch may carry several events of one scope, because a worker runs a batch in 
 from __future__ import annotations
 
 import bisect
-import zlib
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -36,12 +35,6 @@ def scope_of(ordering: Ordering, topic: str, partition: int, key: bytes | None) 
     if ordering is Ordering.PARTITION:
         return (topic, partition)
     return None
-
-
-def worker_for(key: bytes, workers: int) -> int:
-    """The worker that runs every event of `key` (under `key` ordering): one worker sees a
-    key's events in offset order, so it keeps their order without asking the poll thread."""
-    return zlib.crc32(key) % workers
 
 
 @dataclass(slots=True)

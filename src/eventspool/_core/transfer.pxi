@@ -1,0 +1,233 @@
+# The consumer's hand-over of key-ordered records from its poll thread to its workers.
+#
+# A poll's records are split into runs (one partition's consecutive keyed records, up to
+# `cap`), and each run's records are sorted into one blob per worker by the hash of their
+# key. A blob replaces a pickled list of record tuples: the poll thread touches each
+# record once in C, and the worker rebuilds the tuples in C. Layout of one record in a
+# blob, little-endian:
+#
+#   i64 offset | i32 timestamp type | i64 timestamp
+#   i32 key length (-1: None) | key | i32 value length (-1: None) | value
+#   u8 1 if the record has headers (even none), else 0; then, if 1, the headers block of
+#   an envelope: u16 count | per header: u16 name length | name (UTF-8)
+#                                        | i32 value length (-1: None) | value
+
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+
+import zlib
+
+_crc32 = zlib.crc32
+
+
+cdef class _Blob:
+    """A growing byte buffer for one worker's share of a run."""
+
+    cdef char *data
+    cdef Py_ssize_t size
+    cdef Py_ssize_t capacity
+    cdef Py_ssize_t count
+
+    def __dealloc__(self):
+        PyMem_Free(self.data)
+
+    cdef char *reserve(self, Py_ssize_t n) except NULL:
+        cdef Py_ssize_t want = self.size + n
+        cdef Py_ssize_t capacity = self.capacity if self.capacity else 4096
+        cdef char *grown
+        if want > self.capacity:
+            while capacity < want:
+                capacity *= 2
+            grown = <char *>PyMem_Realloc(self.data, capacity)
+            if grown == NULL:
+                raise MemoryError()
+            self.data = grown
+            self.capacity = capacity
+        cdef char *at = self.data + self.size
+        self.size = want
+        return at
+
+    cdef void put_i32(self, int32_t value) except *:
+        es_put_u32(self.reserve(4), <uint32_t>value)
+
+    cdef void put_i64(self, int64_t value) except *:
+        es_put_u64(self.reserve(8), <uint64_t>value)
+
+    cdef void put_bytes_or_none(self, object value) except *:
+        cdef Py_ssize_t n
+        if value is None:
+            self.put_i32(-1)
+            return
+        if type(value) is not bytes:
+            raise TypeError(f"record fields must be bytes or None, not {type(value).__name__}")
+        n = PyBytes_GET_SIZE(value)
+        if n > 0x7FFFFFFF:
+            raise ValueError("a record field over 2 GiB cannot be handed to a worker")
+        self.put_i32(<int32_t>n)
+        memcpy(self.reserve(n), PyBytes_AS_STRING(value), n)
+
+    cdef void put_record(self, int64_t offset, object timestamp, object key, object value,
+                         object headers) except *:
+        cdef object name
+        self.count += 1
+        self.put_i64(offset)
+        self.put_i32(<int32_t>timestamp[0])
+        self.put_i64(<int64_t>timestamp[1])
+        self.put_bytes_or_none(key)
+        self.put_bytes_or_none(value)
+        if headers is None:
+            self.reserve(1)[0] = 0
+            return
+        if len(headers) > 0xFFFF:
+            raise ValueError("a record with over 65535 headers cannot be handed to a worker")
+        self.reserve(1)[0] = 1
+        es_put_u16(self.reserve(2), <uint16_t>len(headers))
+        for name, header_value in headers:
+            encoded = name.encode("utf-8")
+            if PyBytes_GET_SIZE(encoded) > 0xFFFF:
+                raise ValueError("a header name over 65535 bytes cannot be handed to a worker")
+            es_put_u16(self.reserve(2), <uint16_t>PyBytes_GET_SIZE(encoded))
+            memcpy(self.reserve(PyBytes_GET_SIZE(encoded)), PyBytes_AS_STRING(encoded),
+                   PyBytes_GET_SIZE(encoded))
+            self.put_bytes_or_none(header_value)
+
+    cdef object take(self):
+        if not self.count:
+            return None
+        return PyBytes_FromStringAndSize(self.data, self.size), self.count
+
+
+cdef object _create_time_ms(object headers, object timestamp):
+    """The envelope's create_time header (the last one that parses), else the record's
+    create timestamp: the same rule as eventspool.consumer.record."""
+    cdef object created = None
+    if headers:
+        for name, value in headers:
+            if name == "create_time" and value is not None:
+                try:
+                    created = int(value)
+                except ValueError:
+                    created = None
+    if created is None and timestamp[0] == 1:  # TIMESTAMP_CREATE_TIME
+        created = timestamp[1]
+    return created
+
+
+def split_keyed(list messages, Py_ssize_t workers, Py_ssize_t cap, dict ends,
+                object oldest_ms):
+    """Split one poll's messages for key-ordered hand-over.
+
+    Returns, in poll order, keyless messages (and errors) as they are, and runs as
+    tuples (topic, partition, first offset, end offset, count, blobs, stale): `blobs`
+    holds a (blob, records in it) pair per worker (None if it gets nothing), `stale` the records created
+    before `oldest_ms` as (offset, key, value, headers, timestamp) tuples. `ends` maps
+    each assigned (topic, partition) to the offset after the last one taken before (or
+    None); records of other partitions, and refetched ones below that end, are skipped.
+    Every record of a run counts in `count`, stale ones too.
+    """
+    cdef list out = []
+    cdef list blobs = None
+    cdef list stale = None
+    cdef object topic = None
+    cdef object key
+    cdef object run_topic = None
+    cdef long long run_partition = -1
+    cdef long long partition
+    cdef long long offset
+    cdef long long first = -1
+    cdef long long end = -1
+    cdef bint has_end = False
+    cdef bint assigned = False
+    cdef Py_ssize_t count = 0
+    cdef _Blob blob
+    cdef object created
+    for message in messages:
+        key = message.key()
+        if key is None:
+            if blobs is not None and count:
+                out.append(_run(ends, run_topic, run_partition, first, end, count, blobs, stale))
+            blobs = None
+            out.append(message)
+            continue
+        topic = message.topic()
+        partition = message.partition()
+        if (blobs is None or partition != run_partition or topic != run_topic
+                or count >= cap):
+            if blobs is not None and count:
+                out.append(_run(ends, run_topic, run_partition, first, end, count, blobs, stale))
+            if blobs is None or partition != run_partition or topic != run_topic:
+                tp = (topic, partition)
+                assigned = tp in ends
+                previous_end = ends.get(tp)
+                has_end = previous_end is not None
+                if has_end:
+                    end = previous_end
+            run_topic = topic
+            run_partition = partition
+            blobs = [_Blob() for _ in range(workers)]
+            stale = []
+            count = 0
+        if not assigned:
+            continue
+        offset = message.offset()
+        if has_end and offset < end:
+            continue
+        if not count:
+            first = offset
+        end = offset + 1
+        has_end = True
+        count += 1
+        headers = message.headers()
+        timestamp = message.timestamp()
+        if oldest_ms is not None:
+            created = _create_time_ms(headers, timestamp)
+            if created is not None and created < oldest_ms:
+                stale.append((offset, key, message.value(), headers, timestamp))
+                continue
+        blob = <_Blob>blobs[_crc32(key) % workers]
+        blob.put_record(offset, timestamp, key, message.value(), headers)
+    if blobs is not None and count:
+        out.append(_run(ends, run_topic, run_partition, first, end, count, blobs, stale))
+    return out
+
+
+cdef tuple _run(dict ends, object topic, long long partition, long long first, long long end,
+                Py_ssize_t count, list blobs, list stale):
+    ends[(topic, partition)] = end  # a later run of the partition in this poll starts here
+    return (topic, partition, first, end, count, [(<_Blob>b).take() for b in blobs], stale)
+
+
+def decode_records(bytes blob):
+    """The (offset, key, value, headers, timestamp) tuples of a blob made by split_keyed."""
+    cdef _Reader reader = _Reader.__new__(_Reader)
+    cdef list records = []
+    cdef int64_t offset
+    cdef int32_t timestamp_type
+    cdef int64_t stamp
+    cdef uint8_t has_headers
+    reader.data = PyBytes_AS_STRING(blob)
+    reader.size = PyBytes_GET_SIZE(blob)
+    reader.pos = 0
+    while reader.pos < reader.size:
+        reader.need(20)
+        offset = <int64_t>es_get_u64(reader.data + reader.pos)
+        timestamp_type = <int32_t>es_get_u32(reader.data + reader.pos + 8)
+        stamp = <int64_t>es_get_u64(reader.data + reader.pos + 12)
+        reader.pos += 20
+        key = reader.take(_blob_length(reader))
+        value = reader.take(_blob_length(reader))
+        reader.need(1)
+        has_headers = <uint8_t>reader.data[reader.pos]
+        reader.pos += 1
+        headers = reader.headers() if has_headers else None
+        records.append((offset, key, value, headers, (timestamp_type, stamp)))
+    return records
+
+
+cdef int32_t _blob_length(_Reader reader) except? -2:
+    cdef int32_t length
+    reader.need(4)
+    length = <int32_t>es_get_u32(reader.data + reader.pos)
+    reader.pos += 4
+    if length < -1:
+        raise ValueError(f"negative field length {length} at offset {reader.pos - 4}")
+    return length
