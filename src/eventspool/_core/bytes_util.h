@@ -23,6 +23,7 @@
 #endif
 
 static uint32_t es_crc_table[8][256];
+static uint32_t es_crc32_ieee_table[256];
 static int es_crc_hardware = 0;
 
 static void es_crc_init(void) {
@@ -32,6 +33,11 @@ static void es_crc_init(void) {
             c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
         }
         es_crc_table[0][n] = c;
+        c = n;
+        for (int k = 0; k < 8; k++) {
+            c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+        }
+        es_crc32_ieee_table[n] = c;
     }
     for (uint32_t n = 0; n < 256; n++) {
         uint32_t c = es_crc_table[0][n];
@@ -100,6 +106,16 @@ static inline uint32_t es_crc32c(uint32_t crc, const void *data, size_t n) {
     }
 #endif
     return es_crc32c_portable(crc, data, n);
+}
+
+/* zlib's crc32 (IEEE polynomial), for the consumer's key routing; keys are short. */
+static inline uint32_t es_crc32_ieee(const void *data, size_t n) {
+    const uint8_t *p = (const uint8_t *)data;
+    uint32_t crc = 0xFFFFFFFFu;
+    while (n--) {
+        crc = es_crc32_ieee_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    }
+    return ~crc;
 }
 
 /* Kafka's Utils.murmur2 (seed 0x9747b28c), as the signed Java int. */

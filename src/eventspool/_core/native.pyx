@@ -46,6 +46,7 @@ cdef extern from "bytes_util.h":
     int es_crc_hardware
     uint32_t es_crc32c(uint32_t crc, const void *data, size_t n) nogil
     uint32_t es_crc32c_portable(uint32_t crc, const void *data, size_t n) nogil
+    uint32_t es_crc32_ieee(const void *data, size_t n) nogil
     int32_t es_murmur2(const void *data, size_t n) nogil
     void es_put_u16(char *p, uint16_t v) nogil
     void es_put_u32(char *p, uint32_t v) nogil

@@ -12,11 +12,11 @@
 #   an envelope: u16 count | per header: u16 name length | name (UTF-8)
 #                                        | i32 value length (-1: None) | value
 
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
 
-import zlib
 
-_crc32 = zlib.crc32
+cdef extern from "Python.h":
+    const char *PyUnicode_AsUTF8AndSize(object text, Py_ssize_t *size) except NULL
 
 
 cdef class _Blob:
@@ -46,54 +46,74 @@ cdef class _Blob:
         self.size = want
         return at
 
-    cdef void put_i32(self, int32_t value) except *:
-        es_put_u32(self.reserve(4), <uint32_t>value)
-
-    cdef void put_i64(self, int64_t value) except *:
-        es_put_u64(self.reserve(8), <uint64_t>value)
-
-    cdef void put_bytes_or_none(self, object value) except *:
-        cdef Py_ssize_t n
-        if value is None:
-            self.put_i32(-1)
-            return
-        if type(value) is not bytes:
-            raise TypeError(f"record fields must be bytes or None, not {type(value).__name__}")
-        n = PyBytes_GET_SIZE(value)
-        if n > 0x7FFFFFFF:
-            raise ValueError("a record field over 2 GiB cannot be handed to a worker")
-        self.put_i32(<int32_t>n)
-        memcpy(self.reserve(n), PyBytes_AS_STRING(value), n)
-
     cdef void put_record(self, int64_t offset, object timestamp, object key, object value,
                          object headers) except *:
-        cdef object name
-        self.count += 1
-        self.put_i64(offset)
-        self.put_i32(<int32_t>timestamp[0])
-        self.put_i64(<int64_t>timestamp[1])
-        self.put_bytes_or_none(key)
-        self.put_bytes_or_none(value)
+        """Size the record first, so it is one reservation and plain stores."""
+        cdef Py_ssize_t size = 8 + 4 + 8 + 4 + _field_size(key) + 4 + _field_size(value) + 1
+        cdef Py_ssize_t header_count = 0
+        cdef Py_ssize_t name_size
+        cdef const char *name_data
+        cdef char *at
+        if type(timestamp) is not tuple or len(<tuple>timestamp) != 2:
+            raise TypeError(f"a record timestamp must be a (type, ms) tuple, not {timestamp!r}")
+        if headers is not None:
+            if type(headers) is not list:
+                raise TypeError(f"record headers must be a list, not {type(headers).__name__}")
+            header_count = len(<list>headers)
+            if header_count > 0xFFFF:
+                raise ValueError("a record with over 65535 headers cannot be handed to a worker")
+            size += 2
+            for name, header_value in <list>headers:
+                PyUnicode_AsUTF8AndSize(name, &name_size)
+                if name_size > 0xFFFF:
+                    raise ValueError("a header name over 65535 bytes cannot go to a worker")
+                size += 2 + name_size + 4 + _field_size(header_value)
+        at = self.reserve(size)
+        es_put_u64(at, <uint64_t>offset)
+        es_put_u32(at + 8, <uint32_t><int32_t>(<tuple>timestamp)[0])
+        es_put_u64(at + 12, <uint64_t><int64_t>(<tuple>timestamp)[1])
+        at = _put_field(at + 20, key)
+        at = _put_field(at, value)
         if headers is None:
-            self.reserve(1)[0] = 0
-            return
-        if len(headers) > 0xFFFF:
-            raise ValueError("a record with over 65535 headers cannot be handed to a worker")
-        self.reserve(1)[0] = 1
-        es_put_u16(self.reserve(2), <uint16_t>len(headers))
-        for name, header_value in headers:
-            encoded = name.encode("utf-8")
-            if PyBytes_GET_SIZE(encoded) > 0xFFFF:
-                raise ValueError("a header name over 65535 bytes cannot be handed to a worker")
-            es_put_u16(self.reserve(2), <uint16_t>PyBytes_GET_SIZE(encoded))
-            memcpy(self.reserve(PyBytes_GET_SIZE(encoded)), PyBytes_AS_STRING(encoded),
-                   PyBytes_GET_SIZE(encoded))
-            self.put_bytes_or_none(header_value)
+            at[0] = 0
+        else:
+            at[0] = 1
+            es_put_u16(at + 1, <uint16_t>header_count)
+            at += 3
+            for name, header_value in <list>headers:
+                name_data = PyUnicode_AsUTF8AndSize(name, &name_size)
+                es_put_u16(at, <uint16_t>name_size)
+                memcpy(at + 2, name_data, name_size)
+                at = _put_field(at + 2 + name_size, header_value)
+        self.count += 1
 
     cdef object take(self):
         if not self.count:
             return None
         return PyBytes_FromStringAndSize(self.data, self.size), self.count
+
+
+cdef inline Py_ssize_t _field_size(object value) except -1:
+    """The bytes a key, value or header value takes after its i32 length."""
+    if value is None:
+        return 0
+    if type(value) is not bytes:
+        raise TypeError(f"record fields must be bytes or None, not {type(value).__name__}")
+    if PyBytes_GET_SIZE(value) > 0x7FFFFFFF:
+        raise ValueError("a record field over 2 GiB cannot be handed to a worker")
+    return PyBytes_GET_SIZE(value)
+
+
+cdef inline char *_put_field(char *at, object value):
+    """i32 length (-1: None) and the bytes; `_field_size` has checked the value."""
+    cdef Py_ssize_t n
+    if value is None:
+        es_put_u32(at, <uint32_t>(-1))
+        return at + 4
+    n = PyBytes_GET_SIZE(value)
+    es_put_u32(at, <uint32_t>n)
+    memcpy(at + 4, PyBytes_AS_STRING(value), n)
+    return at + 4 + n
 
 
 cdef object _create_time_ms(object headers, object timestamp):
@@ -183,7 +203,9 @@ def split_keyed(list messages, Py_ssize_t workers, Py_ssize_t cap, dict ends,
             if created is not None and created < oldest_ms:
                 stale.append((offset, key, message.value(), headers, timestamp))
                 continue
-        blob = <_Blob>blobs[_crc32(key) % workers]
+        if type(key) is not bytes:
+            raise TypeError(f"record keys must be bytes, not {type(key).__name__}")
+        blob = <_Blob>blobs[es_crc32_ieee(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)) % workers]
         blob.put_record(offset, timestamp, key, message.value(), headers)
     if blobs is not None and count:
         out.append(_run(ends, run_topic, run_partition, first, end, count, blobs, stale))
