@@ -198,9 +198,19 @@ def test_each_key_has_one_worker_and_keys_spread_over_all() -> None:
     assert all(250 < list(owners.values()).count(worker) < 420 for worker in range(3))
 
 
-def test_a_field_that_is_not_bytes_is_refused() -> None:
-    message = FakeMessage("t", 0, 0, b"k", "text", None, (0, 0))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="bytes or None"):
+@pytest.mark.parametrize(
+    ("value", "headers", "error"),
+    [
+        ("text", None, "bytes or None"),
+        (b"v", [("name", "text")], "bytes or None"),
+        (b"v", [["name", b"v"]], r"\(name, value\) tuple"),
+        (b"v", [("name", b"v", b"extra")], r"\(name, value\) tuple"),
+        (b"v", [(b"name", b"v")], "str"),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_refused(value: Any, headers: Any, error: str) -> None:
+    message = FakeMessage("t", 0, 0, b"k", value, headers, (0, 0))
+    with pytest.raises(TypeError, match=error):
         split_keyed([message], 1, 10, {("t", 0): None}, None)
 
 

@@ -63,7 +63,14 @@ cdef class _Blob:
             if header_count > 0xFFFF:
                 raise ValueError("a record with over 65535 headers cannot be handed to a worker")
             size += 2
-            for name, header_value in <list>headers:
+            for header in <list>headers:
+                # Tuples only: unpacking anything else could run Python code that changes
+                # the list between this sizing pass and the writing pass below.
+                if type(header) is not tuple or len(<tuple>header) != 2:
+                    raise TypeError(f"a record header must be a (name, value) tuple, not {header!r}")
+                name, header_value = <tuple>header
+                if type(name) is not str:
+                    raise TypeError(f"a record header name must be str, not {type(name).__name__}")
                 PyUnicode_AsUTF8AndSize(name, &name_size)
                 if name_size > 0xFFFF:
                     raise ValueError("a header name over 65535 bytes cannot go to a worker")
