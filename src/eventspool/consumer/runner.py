@@ -86,6 +86,10 @@ _BATCH_TARGET_S = 0.05
 _FORWARD_RETRY_S = 1.0
 _COMMITTED_TIMEOUT_S = 10.0
 _FORCED_KAFKA = {"enable.auto.commit": False, "enable.auto.offset.store": False}
+# librdkafka stops fetching for `fetch.queue.backoff.ms` (default 1 s) once its local queue
+# holds `queued.min.messages` of the consumer's partitions together; a consumer that drains
+# that queue in under a second would then sit idle for the rest of it.
+_DEFAULT_KAFKA = {"auto.offset.reset": "earliest", "fetch.queue.backoff.ms": 100}
 
 
 class ConsumerError(EventspoolError):
@@ -343,7 +347,7 @@ class Consumer:
         return {
             "bootstrap.servers": self._bootstrap,
             "group.id": self.group,
-            "auto.offset.reset": "earliest",
+            **_DEFAULT_KAFKA,
             **self._settings.kafka,
             **_FORCED_KAFKA,
             "on_commit": self._on_commit,
