@@ -16,6 +16,7 @@ CORE = Extension(
         "src/eventspool/_core/envelope.pxi",
         "src/eventspool/_core/ids.pxi",
         "src/eventspool/_core/intake.pxi",
+        "src/eventspool/_core/record.pxi",
         "src/eventspool/_core/ring.pxi",
         "src/eventspool/_core/route.pxi",
         "src/eventspool/_core/transfer.pxi",

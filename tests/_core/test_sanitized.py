@@ -39,6 +39,7 @@ CORE_TESTS = (
     "tests/spool/test_recovery_fuzz.py",
     "tests/_core/test_intake.py",
     "tests/_core/test_transfer.py",
+    "tests/_core/test_record.py",
 )
 
 # A line of any sanitizer report: ASan's "ERROR: AddressSanitizer: ..." and SUMMARY lines,

@@ -1,11 +1,13 @@
-"""The consumer's compiled hand-over, `split_keyed` and `decode_records`, against a model.
+"""The consumer's compiled hand-over, `split_keyed`, `decode_records` and `decode_part`,
+against a model.
 
 A poll's messages must come out as the model says: keyless ones in place, keyed ones in
 runs of one partition (at most `cap` each, refetched and unassigned ones skipped, stale
 ones set apart by the same create-time rule as eventspool.consumer.record), and each
 run's records in the blob of worker crc32(key) % workers, byte for byte and in offset
-order. A damaged blob is a ValueError, never a crash. The sanitizer test runs this file
-against the instrumented build.
+order. `decode_part` must make the same Records as the Python rule in
+eventspool.consumer.record. A damaged blob is a ValueError, never a crash. The sanitizer
+test runs this file against the instrumented build.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventspool._core.native import decode_records, split_keyed
-from eventspool.consumer.record import HeaderPairs, RawRecord, wire_from_raw
+from eventspool._core.native import decode_part, decode_records, split_keyed
+from eventspool.consumer.record import HeaderPairs, RawRecord, record_from_raw, wire_from_raw
 
 TOPICS = ("orders", "clicks")
 
@@ -181,6 +183,9 @@ def test_split_keyed_matches_the_model(
                 blob, events = packed
                 assert events == len(records)
                 assert decode_records(blob) == records
+                assert decode_part(blob, topic, partition) == [
+                    record_from_raw(topic, partition, raw, 1) for raw in records
+                ]
 
 
 def test_each_key_has_one_worker_and_keys_spread_over_all() -> None:
@@ -228,6 +233,8 @@ def test_a_damaged_blob_decodes_to_a_prefix_or_is_a_value_error(cut: int, junk: 
         assert records[: len(decode_records(truncated))] == decode_records(truncated)
     with contextlib.suppress(ValueError):
         assert decode_records(blob + junk)[:3] == records
+    with contextlib.suppress(ValueError):
+        assert len(decode_part(truncated, "t", 0)) == len(decode_records(truncated))
 
 
 def test_a_blob_cut_inside_a_record_is_a_value_error() -> None:
@@ -237,3 +244,5 @@ def test_a_blob_cut_inside_a_record_is_a_value_error() -> None:
     assert blobs[0] is not None
     with pytest.raises(ValueError, match="overruns"):
         decode_records(blobs[0][0][:-1])
+    with pytest.raises(ValueError, match="overruns"):
+        decode_part(blobs[0][0][:-1], "t", 0)

@@ -7,10 +7,11 @@ retries, routing decisions and metrics. What is here frames records into the rin
 (ring.pxi), builds and parses envelopes (envelope.pxi), makes event ids (ids.pxi),
 hashes keys and picks partitions (route.pxi), and feeds drained batches to librdkafka
 and accounts their delivery reports (delivery.pxi); it also writes the agent's SEND frames
-straight into the rings (intake.pxi), and packs the consumer's key-ordered records for
-its workers (transfer.pxi). The formats are written out at the top of
-eventspool/spool/ring.py and eventspool/envelope.py; the golden-bytes tests check this
-code against them, not against itself.
+straight into the rings (intake.pxi), packs the consumer's key-ordered records for its
+workers (transfer.pxi) and builds the Records its handlers get (record.pxi). The
+formats are written out at the top of eventspool/spool/ring.py and
+eventspool/envelope.py; the golden-bytes tests check this code against them, not against
+itself.
 
 Locking: a ring's lock is a pthread mutex. A thread holding the interpreter lock only
 ever try-locks it, and waits for it with the interpreter lock released, so a ring
@@ -144,3 +145,4 @@ include "route.pxi"
 include "delivery.pxi"
 include "intake.pxi"
 include "transfer.pxi"
+include "record.pxi"

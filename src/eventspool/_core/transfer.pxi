@@ -123,9 +123,10 @@ cdef inline char *_put_field(char *at, object value):
     return at + 4 + n
 
 
-cdef object _create_time_ms(object headers, object timestamp):
-    """The envelope's create_time header (the last one that parses), else the record's
-    create timestamp: the same rule as eventspool.consumer.record."""
+cdef object _create_time_ms(object headers, int32_t timestamp_type, int64_t stamp):
+    """The envelope's create_time header (the last one with a value; one that does not
+    parse counts as none), else the record's create timestamp: the same rule as
+    eventspool.consumer.record."""
     cdef object created = None
     if headers:
         for name, value in headers:
@@ -134,8 +135,8 @@ cdef object _create_time_ms(object headers, object timestamp):
                     created = int(value)
                 except ValueError:
                     created = None
-    if created is None and timestamp[0] == 1:  # TIMESTAMP_CREATE_TIME
-        created = timestamp[1]
+    if created is None and timestamp_type == 1:  # TIMESTAMP_CREATE_TIME
+        created = stamp
     return created
 
 
@@ -206,7 +207,7 @@ def split_keyed(list messages, Py_ssize_t workers, Py_ssize_t cap, dict ends,
         headers = message.headers()
         timestamp = message.timestamp()
         if oldest_ms is not None:
-            created = _create_time_ms(headers, timestamp)
+            created = _create_time_ms(headers, timestamp[0], timestamp[1])
             if created is not None and created < oldest_ms:
                 stale.append((offset, key, message.value(), headers, timestamp))
                 continue
@@ -227,29 +228,39 @@ cdef tuple _run(dict ends, object topic, long long partition, long long first, l
 
 def decode_records(bytes blob):
     """The (offset, key, value, headers, timestamp) tuples of a blob made by split_keyed."""
-    cdef _Reader reader = _Reader.__new__(_Reader)
+    cdef _Reader reader = _blob_reader(blob)
     cdef list records = []
+    while reader.pos < reader.size:
+        records.append(_read_record(reader))
+    return records
+
+
+cdef _Reader _blob_reader(bytes blob):
+    cdef _Reader reader = _Reader.__new__(_Reader)
+    reader.data = PyBytes_AS_STRING(blob)
+    reader.size = PyBytes_GET_SIZE(blob)
+    reader.pos = 0
+    return reader
+
+
+cdef tuple _read_record(_Reader reader):
+    """The next record of a blob as (offset, key, value, headers, (timestamp type, ms))."""
     cdef int64_t offset
     cdef int32_t timestamp_type
     cdef int64_t stamp
     cdef uint8_t has_headers
-    reader.data = PyBytes_AS_STRING(blob)
-    reader.size = PyBytes_GET_SIZE(blob)
-    reader.pos = 0
-    while reader.pos < reader.size:
-        reader.need(20)
-        offset = <int64_t>es_get_u64(reader.data + reader.pos)
-        timestamp_type = <int32_t>es_get_u32(reader.data + reader.pos + 8)
-        stamp = <int64_t>es_get_u64(reader.data + reader.pos + 12)
-        reader.pos += 20
-        key = reader.take(_blob_length(reader))
-        value = reader.take(_blob_length(reader))
-        reader.need(1)
-        has_headers = <uint8_t>reader.data[reader.pos]
-        reader.pos += 1
-        headers = reader.headers() if has_headers else None
-        records.append((offset, key, value, headers, (timestamp_type, stamp)))
-    return records
+    reader.need(20)
+    offset = <int64_t>es_get_u64(reader.data + reader.pos)
+    timestamp_type = <int32_t>es_get_u32(reader.data + reader.pos + 8)
+    stamp = <int64_t>es_get_u64(reader.data + reader.pos + 12)
+    reader.pos += 20
+    key = reader.take(_blob_length(reader))
+    value = reader.take(_blob_length(reader))
+    reader.need(1)
+    has_headers = <uint8_t>reader.data[reader.pos]
+    reader.pos += 1
+    headers = reader.headers() if has_headers else None
+    return offset, key, value, headers, (timestamp_type, stamp)
 
 
 cdef int32_t _blob_length(_Reader reader) except? -2:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import heapq
 import importlib
 import inspect
@@ -45,7 +44,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from eventspool._core.native import decode_records
+from eventspool._core.native import decode_part
 from eventspool.consumer.record import RawRecord, Record, WireRecord, record_from_raw
 from eventspool.consumer.scheduler import Ordering, TopicPartitionKey, scope_of
 from eventspool.consumer.settings import RetryPolicy
@@ -246,17 +245,17 @@ class _WorkerLoop:
 
     def _jobs(self, part: PartWire) -> list[_Job]:
         part_id, topic, partition, packed, attempts = part
-        items = decode_records(packed) if isinstance(packed, bytes) else packed
-        self._left[part_id] = len(items)
+        if isinstance(packed, bytes):
+            records = decode_part(packed, topic, partition)
+        else:
+            records = [
+                record_from_raw(topic, partition, raw, attempts[index] if attempts else 1)
+                for index, raw in enumerate(packed)
+            ]
+        self._left[part_id] = len(records)
         return [
-            _Job(
-                part_id,
-                index,
-                record_from_raw(topic, partition, raw, attempts[index] if attempts else 1),
-                (topic, partition, raw[1]),
-                True,
-            )
-            for index, raw in enumerate(items)
+            _Job(part_id, index, record, (topic, partition, record.key), True)
+            for index, record in enumerate(records)
         ]
 
     def _drop_bounds(self, drop: Drop) -> None:
@@ -281,7 +280,7 @@ class _WorkerLoop:
         if gives_up:
             self._settled_one(job.ident)
             return None
-        job.record = dataclasses.replace(job.record, attempt=attempt + 1)
+        job.record = job.record.with_attempt(attempt + 1)
         return self._retry.delay(attempt)
 
     def _drop(self, job: _Job) -> None:

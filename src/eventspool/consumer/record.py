@@ -1,14 +1,28 @@
-"""What a handler receives: one Kafka record, with the envelope's identity pulled out."""
+"""What a handler receives: one Kafka record, with the envelope's identity pulled out.
+
+`Record` itself is built by the compiled core, where a worker makes one per event.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME
 
+from eventspool._core.native import Record
+
+__all__ = [
+    "HeaderPairs",
+    "RawRecord",
+    "Record",
+    "WireRecord",
+    "record_from_raw",
+    "wire_from_raw",
+    "wire_record",
+]
+
 # (topic, partition, offset, key, value, headers, create_time_ms, event_id): the form a
-# record crosses the process boundary in, cheaper to pickle than a dataclass.
+# record crosses the process boundary in, cheaper to pickle than a Record.
 HeaderPairs = list[tuple[str, bytes | None]]
 WireRecord = tuple[
     str, int, int, bytes | None, bytes | None, HeaderPairs | None, int | None, str | None
@@ -16,33 +30,6 @@ WireRecord = tuple[
 # (offset, key, value, headers, (timestamp type, timestamp)): a record as the poll thread
 # takes it from confluent_kafka, unparsed; the worker that runs it makes the Record.
 RawRecord = tuple[int, bytes | None, bytes | None, HeaderPairs | None, tuple[int, int]]
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One event as a handler sees it.
-
-    `attempt` is 1 on the first delivery to a handler and grows with each retry, so a
-    handler can tell a redelivery (after its own failure or a worker's death) apart.
-    """
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: HeaderPairs | None
-    create_time_ms: int | None
-    event_id: str | None
-    attempt: int = 1
-
-    def header(self, name: str) -> bytes | None:
-        """The last value of header `name`, or None."""
-        for header_name, value in reversed(self.headers or ()):
-            if header_name == name:
-                found: bytes | None = value
-                return found
-        return None
 
 
 def wire_record(message: Any) -> WireRecord:
