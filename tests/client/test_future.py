@@ -98,6 +98,24 @@ def test_wait_and_as_completed_accept_it(kind: type[Future[str]]) -> None:
     assert [f.result() for f in as_completed([settled, late], timeout=10)] == ["a", "c"]
 
 
+def test_waiting_on_settled_futures_makes_no_condition_per_future() -> None:
+    """wait() and as_completed() take each future's condition; a settled LazyFuture
+    lends a shared one, which a pending future in the same call must not disturb."""
+    settled: list[LazyFuture[int]] = [LazyFuture() for _ in range(1000)]
+    for n, future in enumerate(settled):
+        future.set_result(n)
+    pending: LazyFuture[int] = LazyFuture()
+    threading.Timer(0.05, pending.set_result, (-1,)).start()
+    done, not_done = wait([*settled, pending], timeout=10)
+    assert (len(done), not_done) == (1001, set())
+    plain: list[Future[int]] = list(settled)
+    assert sorted(f.result() for f in as_completed(plain, timeout=10)) == list(range(1000))
+    assert all(future._lazy_condition is None for future in settled)
+    assert not settled[0].cancel()
+    with pytest.raises(InvalidStateError):
+        settled[0].set_result(0)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_settling_races_waiters_and_callbacks(kind: type[Future[int]]) -> None:
     """Whatever the order, every waiter gets the result and every callback runs once."""

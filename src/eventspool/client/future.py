@@ -4,8 +4,9 @@
 looks at them. A plain Future builds a `threading.Condition` (and its lock) in its
 constructor: a fifth of the client's CPU per event, measured. This one builds it only
 when a caller has to block (`result()` or `exception()` before it is settled,
-`concurrent.futures.wait()`, `as_completed()`) or for `cancel()`. Settling, callbacks
-and reading a settled future take a plain lock of the future's own instead. It stays a
+`concurrent.futures.wait()`, `as_completed()`) or for `cancel()`, and a future settled
+before that shares one condition with all such futures (nothing waits on it). Settling,
+callbacks and reading a settled future take a plain lock of the future's own instead. It stays a
 real Future, so every function of `concurrent.futures` accepts it.
 
 The lock is the future's own, not one for the module: callers adding callbacks and the
@@ -46,6 +47,8 @@ class LazyFuture(Future[T]):
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
         condition = self._lazy_condition
+        if condition is None and self._state == FINISHED:
+            return _SETTLED  # nothing will wait on it or change it again
         if condition is None:
             with self._lock:
                 condition = self._lazy_condition
@@ -113,6 +116,10 @@ class LazyFuture(Future[T]):
 
 
 _DONE = frozenset({CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED})
+# The condition of every future settled before anybody had to wait on it: what
+# `concurrent.futures.wait()` and `as_completed()` hold while they read a settled
+# future's state, which never changes again. Re-entrant, as they take it once per future.
+_SETTLED = threading.Condition(threading.RLock())
 
 
 def _check_pending(future: Future[Any]) -> None:
