@@ -46,6 +46,15 @@ def hang_on_victim(path: Path, started: Path, record: Record) -> None:
     record_to(path, record)
 
 
+def hang_once_on_victim(path: Path, started: Path, record: Record) -> None:
+    """The first run of b"victim" in any process announces its pid and hangs until killed;
+    later runs, whatever their attempt, only record."""
+    if record.value == b"victim" and not started.exists():
+        started.write_text(str(os.getpid()))
+        time.sleep(600)
+    record_to(path, record)
+
+
 OUT_ENV = "EVENTSPOOL_TEST_HANDLER_OUT"
 SLEEP_ENV = "EVENTSPOOL_TEST_HANDLER_SLEEP"
 

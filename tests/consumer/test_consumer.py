@@ -38,6 +38,7 @@ from tests.consumer.handlers import (
     fail_on_poison,
     fails_first,
     hang_on_victim,
+    hang_once_on_victim,
     record_sequence,
     record_to,
     slow_record_to,
@@ -319,6 +320,44 @@ def test_sigkill_of_a_key_routed_worker_retries_what_it_did_not_report_in_key_or
     order = [line.split()[0] for line in _lines(out)]
     victim_key = [ids[n] for n in range(5, 11) if keys[n] == keys[5]]
     assert [order.index(i) for i in victim_key] == sorted(order.index(i) for i in victim_key)
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_a_worker_killed_while_a_revoke_waits_for_it_gets_no_revoked_events_back(
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+) -> None:
+    """A second member joins while the victim runs, its key's later events queued behind
+    it in the same worker, and the worker is SIGKILLed while the revoke waits for it.
+    The revoked events belong to the next owner: the replacement must not run them as
+    retries, so each event runs once, as a first attempt, and none is lost."""
+    topic = topic_factory(1)
+    values = [b"victim"] + [b"after"] * 5
+    ids = produce(broker.bootstrap_servers, topic, values, keys=[b"k"] * 6, partition=0)
+    out, started = tmp_path / "handled", tmp_path / "victim.pid"
+    handler = functools.partial(hang_once_on_victim, out, started)
+    group = f"group-{uuid.uuid4().hex[:8]}"
+    first, second = (
+        make_consumer(
+            broker,
+            topic,
+            handler,
+            group=group,
+            workers=1,
+            revoke_timeout_s=60,
+            commit_every_n=1,
+            commit_every_s=0.1,
+        )
+        for _ in range(2)
+    )
+    with first:
+        wait_for(started.exists, 30, "the victim's handler to start")
+        with second:
+            wait_for(lambda: first.status().state == "revoking", 60, "the revoke to wait")
+            os.kill(int(started.read_text()), signal.SIGKILL)
+            wait_for(lambda: set(ids) <= handled(out).keys(), 60, "every event")
+            assert first.status().counters.worker_restarts == 1
+    assert handled_attempts(out) == {event_id: [1] for event_id in ids}
 
 
 def _lines(path: Path) -> list[str]:

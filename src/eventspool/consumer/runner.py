@@ -137,7 +137,9 @@ class PartitionStatus:
 @dataclass(frozen=True, slots=True)
 class ConsumerStatus:
     """A snapshot the poll thread publishes every quarter second; `taken_at` is
-    `time.monotonic()` when it was taken, so two snapshots give exact rates."""
+    `time.monotonic()` when it was taken, so two snapshots give exact rates. `state` is
+    created, starting, running, revoking (a rebalance waits for running handlers of the
+    partitions it takes away), stopping or stopped."""
 
     group: str
     state: str
@@ -176,6 +178,8 @@ class _PartitionState:
     offsets: PartitionOffsets
     held: int = 0
     active: bool = True
+    # The workers were told to drop its events (revoke, shutdown): none is resent.
+    dropping: bool = False
 
 
 @dataclass(slots=True)
@@ -712,6 +716,10 @@ class Consumer:
                 self._log_failure(part.topic, part.partition, raw[0], attempt, died)
                 if not state.active:
                     continue
+                if state.dropping:  # its next owner runs it; a replacement must not
+                    self._release_held(state, 1)
+                    self._counters.abandoned += 1
+                    continue
                 if attempt >= self._settings.max_attempts:
                     wire = wire_from_raw(part.topic, part.partition, raw)
                     done = functools.partial(self._settle_chunk, part.chunk, 1)
@@ -1022,11 +1030,16 @@ class Consumer:
         self._drop_waiting(states)
         self._drop_parts(states)
         if commit:
+            previous = self._state
+            if previous == "running":
+                self._state = "revoking"
+                self._publish_status(force=True)
             deadline = time.monotonic() + self._settings.revoke_timeout_s
             while self._running_on(states.values()) and time.monotonic() < deadline:
                 self._handle_pool_events(self._pool_events(0.05))
             self._drop_waiting(states)
             self._commit(states.items())
+            self._state = previous
         for key, state in states.items():
             state.active = False
             self._counters.abandoned += state.held
@@ -1051,6 +1064,8 @@ class Consumer:
     def _drop_parts(self, states: dict[TopicPartitionKey, _PartitionState]) -> None:
         """Have the workers drop the events they hold of these partitions (each reports
         them as dropped), so only the ones running need to finish."""
+        for state in states.values():
+            state.dropping = True
         wanted = {id(state) for state in states.values()}
         if any(id(part.chunk.state) in wanted for part in self._parts.values()):
             assert self._pool is not None
