@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
 from concurrent.futures import (
     CancelledError,
@@ -114,6 +115,49 @@ def test_waiting_on_settled_futures_makes_no_condition_per_future() -> None:
     assert not settled[0].cancel()
     with pytest.raises(InvalidStateError):
         settled[0].set_result(0)
+
+
+def test_overlapping_waits_over_settled_and_pending_futures_never_deadlock() -> None:
+    """wait() takes its futures' conditions in id order; settled futures must not share
+    a real lock, or two calls that overlap in a pending future take locks in opposite
+    orders. Threads keep waiting on fresh settled futures plus one pending future that
+    another thread keeps settling and replacing; each must keep making progress."""
+    rounds = [0] * 4
+    shared: list[LazyFuture[int]] = [LazyFuture()]
+    stop = threading.Event()
+
+    def waiter(slot: int) -> None:
+        while not stop.is_set():
+            mine: list[Future[int]] = []
+            for n in range(6):
+                future: LazyFuture[int] = LazyFuture()
+                future.set_result(n)
+                mine.append(future)
+            wait([*mine, shared[0]], timeout=0)
+            rounds[slot] += 1
+
+    def settler() -> None:
+        while not stop.is_set():
+            old, shared[0] = shared[0], LazyFuture()
+            old.set_result(0)
+            stop.wait(0.0002)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    threads = [threading.Thread(target=waiter, args=(n,), daemon=True) for n in range(4)]
+    threads.append(threading.Thread(target=settler, daemon=True))
+    try:
+        for thread in threads:
+            thread.start()
+        for _ in range(6):
+            before = list(rounds)
+            stop.wait(0.5)
+            assert all(a < b for a, b in zip(before, rounds, strict=True)), "a waiter is stuck"
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        for thread in threads:
+            thread.join(5)
 
 
 @pytest.mark.parametrize("kind", KINDS)

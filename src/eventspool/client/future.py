@@ -4,10 +4,10 @@
 looks at them. A plain Future builds a `threading.Condition` (and its lock) in its
 constructor: a fifth of the client's CPU per event, measured. This one builds it only
 when a caller has to block (`result()` or `exception()` before it is settled,
-`concurrent.futures.wait()`, `as_completed()`) or for `cancel()`, and a future settled
-before that shares one condition with all such futures (nothing waits on it). Settling,
-callbacks and reading a settled future take a plain lock of the future's own instead. It stays a
-real Future, so every function of `concurrent.futures` accepts it.
+`concurrent.futures.wait()`, `as_completed()`) or for `cancel()`; a future settled
+before that lends a condition that holds nothing, as nothing about it can change.
+Settling, callbacks and reading a settled future take a plain lock of the future's own
+instead. It stays a real Future, so every function of `concurrent.futures` accepts it.
 
 The lock is the future's own, not one for the module: callers adding callbacks and the
 reader settling futures would otherwise queue on one lock, and a thread that loses the
@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, LOGGER, PENDING
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -47,12 +47,12 @@ class LazyFuture(Future[T]):
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
         condition = self._lazy_condition
-        if condition is None and self._state == FINISHED:
-            return _SETTLED  # nothing will wait on it or change it again
         if condition is None:
-            with self._lock:
+            with self._lock:  # decided once: settled without one, it never gets one
                 condition = self._lazy_condition
                 if condition is None:
+                    if self._state == FINISHED:
+                        return _SETTLED
                     condition = self._lazy_condition = threading.Condition()
         return condition
 
@@ -116,10 +116,38 @@ class LazyFuture(Future[T]):
 
 
 _DONE = frozenset({CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED})
-# The condition of every future settled before anybody had to wait on it: what
-# `concurrent.futures.wait()` and `as_completed()` hold while they read a settled
-# future's state, which never changes again. Re-entrant, as they take it once per future.
-_SETTLED = threading.Condition(threading.RLock())
+
+
+class _SettledCondition:
+    """The condition of every future settled before anybody had to wait on it: what
+    `concurrent.futures.wait()` and `as_completed()` hold while they read its state,
+    which never changes again, so there is nothing to lock. A real lock shared by such
+    futures would break the order in which `wait()` takes the futures' locks, and two
+    overlapping `wait()` calls would deadlock."""
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+    def __enter__(self) -> bool:
+        return True
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    def notify(self, n: int = 1) -> None:
+        pass
+
+    def notify_all(self) -> None:
+        pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True  # settled: whatever is waited for has happened
+
+
+_SETTLED = cast(threading.Condition, _SettledCondition())
 
 
 def _check_pending(future: Future[Any]) -> None:
