@@ -2,6 +2,7 @@
 # cost more to construct (1.7 us) than everything else the worker does for a no-op event.
 
 cimport cython
+from cpython.number cimport PyNumber_Index
 
 
 @cython.final
@@ -13,7 +14,7 @@ cdef class Record:
     handler can tell a redelivery (after its own failure or a worker's death) apart.
     """
 
-    cdef readonly str topic
+    cdef readonly object topic
     cdef readonly long long partition
     cdef readonly long long offset
     cdef readonly object key
@@ -26,20 +27,23 @@ cdef class Record:
     __match_args__ = ("topic", "partition", "offset", "key", "value", "headers",
                       "create_time_ms", "event_id", "attempt")
 
-    def __init__(self, str topic, long long partition, long long offset, object key,
+    def __init__(self, object topic, object partition, object offset, object key,
                  object value, object headers, object create_time_ms, object event_id,
-                 long long attempt=1):
+                 object attempt=1):
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str, not {type(topic).__name__}")
         self.topic = topic
-        self.partition = partition
-        self.offset = offset
+        # operator.index semantics: an int, or what stands for one, never a float cut short
+        self.partition = _index(partition)
+        self.offset = _index(offset)
         self.key = key
         self.value = value
         self.headers = headers
         self.create_time_ms = create_time_ms
         self.event_id = event_id
-        self.attempt = attempt
+        self.attempt = _index(attempt)
 
-    def header(self, str name):
+    def header(self, name):
         """The last value of header `name`, or None."""
         if self.headers:
             for header_name, value in reversed(self.headers):
@@ -47,10 +51,10 @@ cdef class Record:
                     return value
         return None
 
-    def with_attempt(self, long long attempt):
+    def with_attempt(self, attempt):
         """The same event, delivered for the `attempt`-th time."""
         return _record(self.topic, self.partition, self.offset, self.key, self.value,
-                       self.headers, self.create_time_ms, self.event_id, attempt)
+                       self.headers, self.create_time_ms, self.event_id, _index(attempt))
 
     cdef tuple _fields(self):
         return (self.topic, self.partition, self.offset, self.key, self.value, self.headers,
@@ -72,7 +76,11 @@ cdef class Record:
                 "create_time_ms=%r, event_id=%r, attempt=%r)" % self._fields())
 
 
-cdef Record _record(str topic, long long partition, long long offset, object key,
+cdef long long _index(object number) except? -1:
+    return PyNumber_Index(number)
+
+
+cdef Record _record(object topic, long long partition, long long offset, object key,
                     object value, object headers, object create_time_ms, object event_id,
                     long long attempt):
     cdef Record record = Record.__new__(Record)
@@ -98,7 +106,7 @@ cdef object _event_id(object headers):
     return event_id
 
 
-def decode_part(bytes blob, str topic, long long partition):
+def decode_part(bytes blob not None, str topic not None, long long partition):
     """The Records (first attempts) of a blob made by split_keyed for one partition; the
     create time and event id follow the rule of eventspool.consumer.record."""
     cdef _Reader reader = _blob_reader(blob)

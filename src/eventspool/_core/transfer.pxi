@@ -226,7 +226,7 @@ cdef tuple _run(dict ends, object topic, long long partition, long long first, l
     return (topic, partition, first, end, count, [(<_Blob>b).take() for b in blobs], stale)
 
 
-def decode_records(bytes blob):
+def decode_records(bytes blob not None):
     """The (offset, key, value, headers, timestamp) tuples of a blob made by split_keyed."""
     cdef _Reader reader = _blob_reader(blob)
     cdef list records = []
