@@ -712,13 +712,13 @@ class Consumer:
             for index, raw in enumerate(part.records()):
                 if index in part.settled:
                     continue
+                if state.active and state.dropping:  # its next owner runs it, not a replacement
+                    self._release_held(state, 1)
+                    self._counters.abandoned += 1
+                    continue
                 attempt = part.attempts[index] if part.attempts else 1
                 self._log_failure(part.topic, part.partition, raw[0], attempt, died)
                 if not state.active:
-                    continue
-                if state.dropping:  # its next owner runs it; a replacement must not
-                    self._release_held(state, 1)
-                    self._counters.abandoned += 1
                     continue
                 if attempt >= self._settings.max_attempts:
                     wire = wire_from_raw(part.topic, part.partition, raw)
@@ -1034,12 +1034,14 @@ class Consumer:
             if previous == "running":
                 self._state = "revoking"
                 self._publish_status(force=True)
-            deadline = time.monotonic() + self._settings.revoke_timeout_s
-            while self._running_on(states.values()) and time.monotonic() < deadline:
-                self._handle_pool_events(self._pool_events(0.05))
-            self._drop_waiting(states)
-            self._commit(states.items())
-            self._state = previous
+            try:
+                deadline = time.monotonic() + self._settings.revoke_timeout_s
+                while self._running_on(states.values()) and time.monotonic() < deadline:
+                    self._handle_pool_events(self._pool_events(0.05))
+                self._drop_waiting(states)
+                self._commit(states.items())
+            finally:
+                self._state = previous
         for key, state in states.items():
             state.active = False
             self._counters.abandoned += state.held
