@@ -32,16 +32,22 @@ cdef class Record:
                  object attempt=1):
         if not isinstance(topic, str):
             raise TypeError(f"topic must be a str, not {type(topic).__name__}")
-        self.topic = topic
         # operator.index semantics: an int, or what stands for one, never a float cut short
-        self.partition = _index(partition)
-        self.offset = _index(offset)
+        self._fill(topic, _index(partition), _index(offset), key, value, headers,
+                   create_time_ms, event_id, _index(attempt))
+
+    cdef void _fill(self, object topic, long long partition, long long offset, object key,
+                    object value, object headers, object create_time_ms, object event_id,
+                    long long attempt):
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
         self.key = key
         self.value = value
         self.headers = headers
         self.create_time_ms = create_time_ms
         self.event_id = event_id
-        self.attempt = _index(attempt)
+        self.attempt = attempt
 
     def header(self, name):
         """The last value of header `name`, or None."""
@@ -84,15 +90,8 @@ cdef Record _record(object topic, long long partition, long long offset, object 
                     object value, object headers, object create_time_ms, object event_id,
                     long long attempt):
     cdef Record record = Record.__new__(Record)
-    record.topic = topic
-    record.partition = partition
-    record.offset = offset
-    record.key = key
-    record.value = value
-    record.headers = headers
-    record.create_time_ms = create_time_ms
-    record.event_id = event_id
-    record.attempt = attempt
+    record._fill(topic, partition, offset, key, value, headers, create_time_ms, event_id,
+                 attempt)
     return record
 
 
