@@ -20,6 +20,7 @@ CORE = Extension(
         "src/eventspool/_core/ring.pxi",
         "src/eventspool/_core/route.pxi",
         "src/eventspool/_core/transfer.pxi",
+        "src/eventspool/_core/wire.pxi",
     ],
     extra_compile_args=["-O2", "-Wno-unused-function"],
 )

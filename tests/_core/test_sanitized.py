@@ -40,6 +40,7 @@ CORE_TESTS = (
     "tests/_core/test_intake.py",
     "tests/_core/test_transfer.py",
     "tests/_core/test_record.py",
+    "tests/_core/test_wire.py",
 )
 
 # A line of any sanitizer report: ASan's "ERROR: AddressSanitizer: ..." and SUMMARY lines,

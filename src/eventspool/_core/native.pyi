@@ -146,6 +146,12 @@ def intake_send(
     fallback: Callable[[str, bytes | None, bytes | None], tuple[int, bytes]],
 ) -> tuple[bytes, int] | None: ...
 def decode_results(body: bytes) -> list[str | tuple[int, str]]: ...
+def encode_wire_event(
+    value: bytes | None,
+    key: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]] | None,
+    event_id: str | None,
+) -> bytes: ...
 
 class AckTracker:
     acked_until: int

@@ -7,8 +7,9 @@ retries, routing decisions and metrics. What is here frames records into the rin
 (ring.pxi), builds and parses envelopes (envelope.pxi), makes event ids (ids.pxi),
 hashes keys and picks partitions (route.pxi), and feeds drained batches to librdkafka
 and accounts their delivery reports (delivery.pxi); it also writes the agent's SEND frames
-straight into the rings (intake.pxi), packs the consumer's key-ordered records for its
-workers (transfer.pxi) and builds the Records its handlers get (record.pxi). The
+straight into the rings (intake.pxi), encodes a client's events for those frames
+(wire.pxi), packs the consumer's key-ordered records for its workers (transfer.pxi)
+and builds the Records its handlers get (record.pxi). The
 formats are written out at the top of eventspool/spool/ring.py and
 eventspool/envelope.py; the golden-bytes tests check this code against them, not against
 itself.
@@ -144,5 +145,6 @@ include "ring.pxi"
 include "route.pxi"
 include "delivery.pxi"
 include "intake.pxi"
+include "wire.pxi"
 include "transfer.pxi"
 include "record.pxi"

@@ -66,6 +66,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+from eventspool._core.native import encode_wire_event
 from eventspool.envelope import HeaderList
 from eventspool.errors import EventspoolError
 
@@ -87,7 +88,6 @@ _I32 = struct.Struct(">i")
 _STATUS_TEXT = struct.Struct(">BH")
 _MAX_U16 = 0xFFFF
 _MAX_U32 = 0xFFFF_FFFF
-_MAX_I32 = 0x7FFF_FFFF
 _MAX_TEXT = _MAX_U16
 
 _FLAG_KEY = 0x01
@@ -307,75 +307,54 @@ def _frame_header(frame_type: FrameType, request_id: int, body_length: int) -> b
 
 def encode_send(request_id: int, topic: str, events: Sequence[WireEvent]) -> bytes:
     """A whole SEND frame; raises ProtocolError for a value the format cannot carry."""
-    return _encode_batch(FrameType.SEND, request_id, _encode_name(topic, "topic"), events, None)
+    payloads = [encode_event(event, index) for index, event in enumerate(events)]
+    return encode_send_payloads(request_id, topic, payloads)
 
 
 def encode_publish(request_id: int, exchange: str, events: Sequence[RoutedEvent]) -> bytes:
     """A whole PUBLISH frame; raises ProtocolError for a value the format cannot carry."""
+    payloads = [
+        encode_routed(routed.routing_key, encode_event(routed.event, index), index)
+        for index, routed in enumerate(events)
+    ]
+    return encode_publish_payloads(request_id, exchange, payloads)
+
+
+def encode_event(event: WireEvent, index: int = 0) -> bytes:
+    """One event as a SEND body carries it; `index` names it in the error."""
+    try:
+        return encode_wire_event(event.value, event.key, event.headers, event.event_id)
+    except ValueError as exc:
+        raise ProtocolError(f"event {index}: {exc}") from None
+
+
+def encode_routed(routing_key: str, payload: bytes, index: int = 0) -> bytes:
+    """One event of a PUBLISH body: its routing key, then the event (`encode_event`)."""
+    raw_routing_key = _encode_name(routing_key, f"event {index}: routing key")
+    return _U16.pack(len(raw_routing_key)) + raw_routing_key + payload
+
+
+def encode_send_payloads(request_id: int, topic: str, payloads: Sequence[bytes]) -> bytes:
+    """A whole SEND frame of events encoded already, as a client queues them."""
+    return _encode_batch(FrameType.SEND, request_id, _encode_name(topic, "topic"), payloads)
+
+
+def encode_publish_payloads(request_id: int, exchange: str, payloads: Sequence[bytes]) -> bytes:
+    """A whole PUBLISH frame of events encoded already, each after its routing key."""
     return _encode_batch(
-        FrameType.PUBLISH,
-        request_id,
-        _encode_name(exchange, "exchange"),
-        [routed.event for routed in events],
-        [routed.routing_key for routed in events],
+        FrameType.PUBLISH, request_id, _encode_name(exchange, "exchange"), payloads
     )
 
 
 def _encode_batch(
-    frame_type: FrameType,
-    request_id: int,
-    raw_name: bytes,
-    events: Sequence[WireEvent],
-    routing_keys: Sequence[str] | None,
+    frame_type: FrameType, request_id: int, raw_name: bytes, payloads: Sequence[bytes]
 ) -> bytes:
-    """SEND and PUBLISH: a name, a count, the events (each after its routing key)."""
-    if len(events) > _MAX_U32:
-        raise ProtocolError(f"{len(events)} events; at most {_MAX_U32} fit in one request")
-    parts = [b"", _U16.pack(len(raw_name)), raw_name, _U32.pack(len(events))]
-    for index, event in enumerate(events):
-        if routing_keys is not None:
-            raw_routing_key = _encode_name(routing_keys[index], f"event {index}: routing key")
-            parts.append(_U16.pack(len(raw_routing_key)))
-            parts.append(raw_routing_key)
-        key, value, headers, event_id = event.key, event.value, event.headers, event.event_id
-        flags = (
-            (0 if key is None else _FLAG_KEY)
-            | (0 if value is None else _FLAG_VALUE)
-            | (0 if headers is None else _FLAG_HEADERS)
-            | (0 if event_id is None else _FLAG_EVENT_ID)
-        )
-        parts.append(bytes((flags,)))
-        if key is not None:
-            parts.append(_pack_u32_length(len(key), index, "key"))
-            parts.append(key)
-        if value is not None:
-            parts.append(_pack_u32_length(len(value), index, "value"))
-            parts.append(value)
-        if headers is not None:
-            if len(headers) > _MAX_U16:
-                raise ProtocolError(
-                    f"event {index}: {len(headers)} headers; at most {_MAX_U16} are allowed"
-                )
-            parts.append(_U16.pack(len(headers)))
-            for name, header_value in headers:
-                raw_name = _encode_name(name, f"event {index}: header name")
-                parts.append(_U16.pack(len(raw_name)))
-                parts.append(raw_name)
-                if header_value is None:
-                    parts.append(_I32.pack(-1))
-                else:
-                    if len(header_value) > _MAX_I32:
-                        raise ProtocolError(
-                            f"event {index}: header {name!r} value of {len(header_value)} "
-                            f"bytes is too large"
-                        )
-                    parts.append(_I32.pack(len(header_value)))
-                    parts.append(header_value)
-        if event_id is not None:
-            parts.append(_encode_event_id(event_id, index))
-    body_length = sum(len(part) for part in parts)
-    parts[0] = _frame_header(frame_type, request_id, body_length)
-    return b"".join(parts)
+    """SEND and PUBLISH: a name, a count, the events."""
+    if len(payloads) > _MAX_U32:
+        raise ProtocolError(f"{len(payloads)} events; at most {_MAX_U32} fit in one request")
+    head = _U16.pack(len(raw_name)) + raw_name + _U32.pack(len(payloads))
+    body_length = len(head) + sum(map(len, payloads))
+    return b"".join((_frame_header(frame_type, request_id, body_length), head, *payloads))
 
 
 def _encode_name(text: str, what: str) -> bytes:
@@ -386,22 +365,6 @@ def _encode_name(text: str, what: str) -> bytes:
     if len(raw) > _MAX_U16:
         raise ProtocolError(f"{what} of {len(raw)} bytes; at most {_MAX_U16} are allowed")
     return raw
-
-
-def _encode_event_id(event_id: str, index: int) -> bytes:
-    raw = event_id.encode("ascii", "replace")
-    if len(raw) != EVENT_ID_SIZE:
-        raise ProtocolError(
-            f"event {index}: event_id {event_id!r} is not {EVENT_ID_SIZE} characters: "
-            "a UUID in its canonical text form is"
-        )
-    return raw
-
-
-def _pack_u32_length(length: int, index: int, what: str) -> bytes:
-    if length > _MAX_U32:
-        raise ProtocolError(f"event {index}: {what} of {length} bytes is too large")
-    return _U32.pack(length)
 
 
 def decode_send(body: bytes) -> SendRequest:

@@ -1,0 +1,81 @@
+"""The client's compiled event encoder, `encode_wire_event`, against the protocol's format.
+
+Every generated event must decode, through the protocol module's Python decoder, to the
+fields it was encoded from; the bytes of one event are spelled out field by field; what
+the format cannot carry is refused with the field named. The sanitizer test runs this
+file against the instrumented build.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eventspool._core.native import encode_wire_event
+from eventspool.agent.protocol import WireEvent, decode_send, encode_send_payloads
+
+EVENT_ID = "0190a5c3-7e1f-7a00-8c2b-3d4e5f607182"
+
+fields = st.one_of(st.none(), st.binary(max_size=200))
+header_lists = st.one_of(
+    st.none(),
+    st.lists(st.tuples(st.text(max_size=20), st.one_of(st.none(), st.binary(max_size=50)))),
+)
+event_ids = st.one_of(st.none(), st.uuids().map(str))
+
+
+@given(
+    events=st.lists(st.tuples(fields, fields, header_lists, event_ids), max_size=8),
+    topic=st.text(max_size=10),
+)
+def test_what_it_encodes_the_protocols_decoder_reads_back(
+    events: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]] | None, str]],
+    topic: str,
+) -> None:
+    payloads = [encode_wire_event(*event) for event in events]
+    frame = encode_send_payloads(1, topic, payloads)
+    request = decode_send(frame[9:])
+    assert request.topic == topic
+    assert request.events == [WireEvent(*event) for event in events]
+
+
+def test_one_event_golden_bytes() -> None:
+    payload = encode_wire_event(b"v1", b"k", [("h", b"x"), ("n", None)], EVENT_ID)
+    assert (
+        payload
+        == bytes.fromhex(
+            "0f"  # flags: key | value | headers | event_id
+            "00000001" + "6b"  # key length 1, "k"
+            "00000002" + "7631"  # value length 2, "v1"
+            "0002"  # 2 headers
+            "0001" + "68" + "00000001" + "78"  # "h" = b"x"
+            "0001" + "6e" + "ffffffff"  # "n" = null
+        )
+        + EVENT_ID.encode()
+    )
+    assert encode_wire_event(None, None, None, None) == b"\x00"
+    assert encode_wire_event(b"", None, [], None) == bytes.fromhex("06000000000000")
+
+
+@pytest.mark.parametrize(
+    ("headers", "event_id", "reason"),
+    [
+        ([("h", None)] * 65536, None, "65536 headers; at most 65535"),
+        ([("h" * 65536, None)], None, "header name of 65536 bytes"),
+        ([("\ud800", None)], None, "header name '\\\\ud800' is not encodable as UTF-8"),
+        (None, "short", "event_id 'short' is not 36 characters"),
+    ],
+)
+def test_it_refuses_what_the_format_cannot_carry(
+    headers: list[tuple[str, bytes | None]] | None, event_id: str | None, reason: str
+) -> None:
+    with pytest.raises(ValueError, match=reason):
+        encode_wire_event(b"v", None, headers, event_id)
+
+
+def test_a_header_that_is_not_a_str_and_bytes_pair_is_a_type_error() -> None:
+    with pytest.raises(TypeError):
+        encode_wire_event(b"v", None, [(b"name", b"v")], None)  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        encode_wire_event(b"v", None, [("name", "text")], None)  # type: ignore[list-item]
