@@ -117,6 +117,23 @@ def test_waiting_on_settled_futures_makes_no_condition_per_future() -> None:
         settled[0].set_result(0)
 
 
+def test_a_future_nobody_waits_on_makes_no_list() -> None:
+    """Future's lists of waiters and callbacks exist only once something is in them: each
+    is one more object for the cyclic collector while the future lives."""
+    called: list[int] = []
+    future: LazyFuture[int] = LazyFuture()
+    future.add_done_callback(lambda done: called.append(done.result()))
+    future.set_result(7)
+    assert (future.result(), called) == (7, [7])
+    bare: LazyFuture[int] = LazyFuture()
+    bare.set_result(8)
+    assert bare.result() == 8
+    for each in (future, bare):
+        assert (each._lazy_waiters, each._callbacks, each._lazy_condition) == (None, None, None)
+    done, _ = wait([bare], timeout=1)
+    assert done == {bare}
+
+
 def test_overlapping_waits_over_settled_and_pending_futures_never_deadlock() -> None:
     """wait() takes its futures' conditions in id order; settled futures must not share
     a real lock, or two calls that overlap in a pending future take locks in opposite

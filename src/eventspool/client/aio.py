@@ -40,25 +40,22 @@ from eventspool.agent.protocol import (
     FrameDecoder,
     FrameType,
     ProtocolError,
-    RoutedEvent,
-    WireEvent,
     decode_error,
     decode_send_result,
     encode_frame,
-    encode_publish,
-    encode_send,
+    encode_publish_payloads,
+    encode_send_payloads,
 )
 from eventspool.client.common import (
     BatchEvent,
     Greeting,
     Outcome,
     Target,
+    event_payload,
     greeting_failure,
     parse_target,
-    routed_wire_event,
+    routed_event_payload,
     split_batch_event,
-    wire_event,
-    wire_size,
 )
 from eventspool.client.sync import AgentError, raise_for
 from eventspool.envelope import HeadersInput
@@ -80,16 +77,15 @@ _SEND_OVERHEAD = 1 + 4 + 2 + 4
 class _Send:
     """One event waiting to be written, then waiting for its answer.
 
-    `topic` names the topic of a SEND; a PUBLISH has `exchange` and `routing_key` instead.
+    `topic` names the topic of a SEND; a PUBLISH has `exchange` instead, and the routing
+    key heads the payload.
     """
 
     topic: str | None
-    event: WireEvent
-    size: int
+    payload: bytes  # the event encoded for its SEND or PUBLISH body
     future: asyncio.Future[str]
     written: bool = False
     exchange: str | None = None
-    routing_key: str = ""
 
 
 @dataclass(slots=True, eq=False)
@@ -204,20 +200,13 @@ class AsyncClient:
         agent routes the event by `routing_key`, as `Spool.send()` does.
         """
         if exchange is None:
-            event = wire_event(topic, value, key, headers, event_id)
-            send = _Send(topic, event, wire_size(event), self._running_loop().create_future())
+            payload = event_payload(topic, value, key, headers, event_id)
+            send = _Send(topic, payload, self._running_loop().create_future())
         else:
-            event = routed_wire_event(
+            payload = routed_event_payload(
                 topic, value, key, headers, event_id, exchange=exchange, routing_key=routing_key
             )
-            send = _Send(
-                None,
-                event,
-                wire_size(event, routing_key),
-                self._running_loop().create_future(),
-                exchange=exchange,
-                routing_key=routing_key,
-            )
+            send = _Send(None, payload, self._running_loop().create_future(), exchange=exchange)
         return await self._submit(send, send.future)
 
     async def send_many(self, topic: str, events: Iterable[BatchEvent]) -> list[Outcome]:
@@ -233,8 +222,8 @@ class AsyncClient:
         sends = []
         for item in events:
             value, key, headers, event_id = split_batch_event(item)
-            event = wire_event(topic, value, key, headers, event_id)
-            sends.append(_Send(topic, event, wire_size(event), loop.create_future()))
+            payload = event_payload(topic, value, key, headers, event_id)
+            sends.append(_Send(topic, payload, loop.create_future()))
         if not sends:
             return []
         self._pending.extend(sends)
@@ -481,12 +470,10 @@ class AsyncClient:
             assert name is not None
             for chunk in self._chunks(name, group):
                 request_id = self._next_id()
+                payloads = [send.payload for send in chunk]
+                encode = encode_send_payloads if exchange is None else encode_publish_payloads
                 try:
-                    if exchange is None:
-                        frame = encode_send(request_id, name, [send.event for send in chunk])
-                    else:
-                        routed = [RoutedEvent(send.routing_key, send.event) for send in chunk]
-                        frame = encode_publish(request_id, name, routed)
+                    frame = encode(request_id, name, payloads)
                 except ProtocolError as exc:  # only sizes no frame can carry get here
                     for send in chunk:
                         _fail(send.future, InvalidEventError(str(exc)))
@@ -509,12 +496,12 @@ class AsyncClient:
         size = overhead
         for send in group:
             if chunk and (
-                size + send.size > self.max_frame_bytes or len(chunk) >= MAX_EVENTS_PER_SEND
+                size + len(send.payload) > self.max_frame_bytes or len(chunk) >= MAX_EVENTS_PER_SEND
             ):
                 chunks.append(chunk)
                 chunk, size = [], overhead
             chunk.append(send)
-            size += send.size
+            size += len(send.payload)
         if chunk:
             chunks.append(chunk)
         return chunks

@@ -12,14 +12,14 @@ import ssl
 import uuid
 from dataclasses import dataclass
 
+from eventspool._core.native import encode_wire_event
 from eventspool.agent.protocol import (
-    EVENT_ID_SIZE,
     Frame,
     FrameType,
     Status,
-    WireEvent,
     decode_error,
     encode_frame,
+    encode_routed,
 )
 from eventspool.agent.tls import openssl_text
 from eventspool.config import validate_topic
@@ -58,26 +58,27 @@ def split_batch_event(item: BatchEvent) -> BatchFields:
     return item, None, None, None
 
 
-def wire_event(
+def event_payload(
     topic: str | None,
     value: bytes | None,
     key: bytes | str | None,
     headers: HeadersInput | None,
     event_id: str | uuid.UUID | None = None,
-) -> WireEvent:
-    """Check the arguments as `Client.send()` does, so both clients raise the same errors.
+) -> bytes:
+    """Check the arguments as `Client.send()` does; the event as a SEND body carries it.
 
     A key the blocking client cannot encode, and a topic name, are checked here as
     `Spool.send()` checks them: a bad argument must fail its own call, never a batch
     written for other callers. The agent applies the same topic rule, so the error and its
-    message are the ones the agent would have sent back.
+    message are the ones the agent would have sent back. The event is encoded here too,
+    so what waits for a frame is one bytes object, not an object per field.
     """
-    event = _event(value, key, headers, event_id, "topic", topic)
+    payload = _payload(value, key, headers, event_id, "topic", topic)
     if type(topic) is not str or topic not in _VALID_TOPICS:
         checked = validate_topic(topic)
         if len(_VALID_TOPICS) < _VALID_TOPICS_MAX:
             _VALID_TOPICS.add(checked)
-    return event
+    return payload
 
 
 # Topic names already checked: the rule costs more than the rest of a send.
@@ -85,7 +86,7 @@ _VALID_TOPICS: set[str] = set()
 _VALID_TOPICS_MAX = 1024
 
 
-def routed_wire_event(
+def routed_event_payload(
     topic: str | None,
     value: bytes | None,
     key: bytes | str | None,
@@ -94,8 +95,9 @@ def routed_wire_event(
     *,
     exchange: object,
     routing_key: object,
-) -> WireEvent:
-    """The checks of `send(exchange=...)`, as `Spool.send()` makes them.
+) -> bytes:
+    """The checks of `send(exchange=...)`, as `Spool.send()` makes them; the event as a
+    PUBLISH body carries it, after its routing key.
 
     Whether the exchange exists only the agent knows: it answers UNKNOWN_EXCHANGE.
     """
@@ -107,17 +109,18 @@ def routed_wire_event(
     if not isinstance(exchange, str):
         raise InvalidEventError(f"exchange must be a str, got {type(exchange).__name__}")
     validate_routing_key(routing_key)
-    return _event(value, key, headers, event_id, "exchange", exchange)
+    assert isinstance(routing_key, str)
+    return encode_routed(routing_key, _payload(value, key, headers, event_id, "exchange", exchange))
 
 
-def _event(  # noqa: PLR0917  # send()'s own parameters, in its order
+def _payload(  # noqa: PLR0917  # send()'s own parameters, in its order
     value: bytes | None,
     key: bytes | str | None,
     headers: HeadersInput | None,
     event_id: str | uuid.UUID | None,
     kind: str,
     name: object,
-) -> WireEvent:
+) -> bytes:
     """The event as the wire carries it; `kind` and `name` only make error messages."""
     if value is not None and type(value) is not bytes:
         raise InvalidEventError(f"value must be bytes or None, got {type(value).__name__}")
@@ -135,31 +138,12 @@ def _event(  # noqa: PLR0917  # send()'s own parameters, in its order
         raise InvalidEventError(
             f"key for {kind} {name!r} must be bytes, str or None, got {type(key).__name__}"
         )
-    return WireEvent(
-        value,
-        raw_key,
-        normalize_headers(headers),
-        None if event_id is None else caller_event_id(event_id),
-    )
-
-
-def wire_size(event: WireEvent, routing_key: str | None = None) -> int:
-    """Bytes the event takes in a SEND (or, with its routing key, a PUBLISH) body.
-
-    Clients keep frames under the agent's maximum with it.
-    """
-    size = 1 if routing_key is None else 3 + len(routing_key.encode())
-    if event.key is not None:
-        size += 4 + len(event.key)
-    if event.value is not None:
-        size += 4 + len(event.value)
-    if event.headers is not None:
-        size += 2
-        for name, value in event.headers:
-            size += 2 + len(name.encode()) + 4 + (0 if value is None else len(value))
-    if event.event_id is not None:
-        size += EVENT_ID_SIZE
-    return size
+    header_list = normalize_headers(headers)
+    checked_id = None if event_id is None else caller_event_id(event_id)
+    try:
+        return encode_wire_event(value, raw_key, header_list, checked_id)
+    except ValueError as exc:  # a size no frame can carry
+        raise InvalidEventError(f"event for {kind} {name!r}: {exc}") from None
 
 
 TCP_PREFIX = "tcp://"

@@ -41,8 +41,10 @@ class LazyFuture(Future[T]):
         self._state = PENDING
         self._result: T | None = None
         self._exception: BaseException | None = None
-        self._waiters: list[Any] = []
-        self._done_callbacks: list[Callable[[Future[T]], object]] = []
+        # Future's two lists, made on first use: most futures never need either, and
+        # every object the collector tracks costs the process time while it lives.
+        self._lazy_waiters: list[Any] | None = None
+        self._callbacks: list[Callable[[Future[T]], object]] | None = None
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
@@ -55,6 +57,26 @@ class LazyFuture(Future[T]):
                         return _SETTLED
                     condition = self._lazy_condition = threading.Condition()
         return condition
+
+    @property
+    def _waiters(self) -> list[Any]:  # type: ignore[override]
+        waiters = self._lazy_waiters
+        if waiters is None:
+            with self._lock:
+                waiters = self._lazy_waiters
+                if waiters is None:
+                    waiters = self._lazy_waiters = []
+        return waiters
+
+    @property
+    def _done_callbacks(self) -> list[Callable[[Future[T]], object]]:
+        callbacks = self._callbacks
+        if callbacks is None:
+            with self._lock:
+                callbacks = self._callbacks
+                if callbacks is None:
+                    callbacks = self._callbacks = []
+        return callbacks
 
     def done(self) -> bool:
         return self._state in _DONE
@@ -77,7 +99,10 @@ class LazyFuture(Future[T]):
     def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
         with self._lock:
             if self._lazy_condition is None and self._state == PENDING:
-                self._done_callbacks.append(fn)
+                if self._callbacks is None:
+                    self._callbacks = [fn]
+                else:
+                    self._callbacks.append(fn)
                 return
         if self._lazy_condition is None:  # settled without a condition: call it now
             _call(fn, self)
@@ -86,33 +111,31 @@ class LazyFuture(Future[T]):
 
     def set_result(self, result: T) -> None:
         with self._lock:
-            if self._lazy_condition is None:
+            unwatched = self._lazy_condition is None
+            if unwatched:
                 _check_pending(self)
                 self._result = result
                 self._state = FINISHED
-                callbacks, self._done_callbacks = self._done_callbacks, []
-            else:
-                callbacks = None
-        if callbacks is None:
-            super().set_result(result)
-        else:
-            for fn in callbacks:
+                callbacks, self._callbacks = self._callbacks, None
+        if unwatched:
+            for fn in callbacks or ():
                 _call(fn, self)
+        else:
+            super().set_result(result)
 
     def set_exception(self, exception: BaseException | None) -> None:
         with self._lock:
-            if self._lazy_condition is None:
+            unwatched = self._lazy_condition is None
+            if unwatched:
                 _check_pending(self)
                 self._exception = exception
                 self._state = FINISHED
-                callbacks, self._done_callbacks = self._done_callbacks, []
-            else:
-                callbacks = None
-        if callbacks is None:
-            super().set_exception(exception)
-        else:
-            for fn in callbacks:
+                callbacks, self._callbacks = self._callbacks, None
+        if unwatched:
+            for fn in callbacks or ():
                 _call(fn, self)
+        else:
+            super().set_exception(exception)
 
 
 _DONE = frozenset({CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED})
