@@ -9,6 +9,7 @@ import logging
 import random
 import sys
 import threading
+import time
 from concurrent.futures import (
     CancelledError,
     Future,
@@ -74,6 +75,26 @@ def test_callbacks_run_once_before_and_after_settling(
     future.add_done_callback(lambda f: calls.append(("after", f)))
     assert calls == [("before", future), ("after", future)]
     assert "exception calling callback" in caplog.text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_callbacks_added_before_a_waiter_blocks_run_once_in_order(
+    kind: type[Future[int]], count: int
+) -> None:
+    """Callbacks kept before the future had a condition are the ones settling runs then."""
+    future = kind()
+    calls: list[int] = []
+    for n in range(count):
+        future.add_done_callback(lambda f, n=n: calls.append(n))  # type: ignore[misc]
+    waiter = threading.Thread(target=future.result, args=(10,))
+    waiter.start()
+    while isinstance(future, LazyFuture) and future._lazy_condition is None:
+        time.sleep(0.001)  # until result() made the condition it blocks on
+    future.add_done_callback(lambda f: calls.append(-1))
+    future.set_result(1)
+    waiter.join(10)
+    assert calls == [*range(count), -1]
 
 
 @pytest.mark.parametrize("kind", KINDS)

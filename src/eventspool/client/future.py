@@ -29,6 +29,9 @@ from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
+#: A future's done callbacks: none, the only one, or a list of them.
+_Callbacks = Callable[[Future[T]], object] | list[Callable[[Future[T]], object]] | None
+
 
 class LazyFuture(Future[T]):
     """A Future whose condition is made on first blocking use."""
@@ -42,9 +45,10 @@ class LazyFuture(Future[T]):
         self._result: T | None = None
         self._exception: BaseException | None = None
         # Future's two lists, made on first use: most futures never need either, and
-        # every object the collector tracks costs the process time while it lives.
+        # every object the collector tracks costs the process time while it lives. A
+        # single callback, the usual case, is kept as it is, without a list.
         self._lazy_waiters: list[Any] | None = None
-        self._callbacks: list[Callable[[Future[T]], object]] | None = None
+        self._callbacks: _Callbacks[T] = None
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
@@ -71,11 +75,13 @@ class LazyFuture(Future[T]):
     @property
     def _done_callbacks(self) -> list[Callable[[Future[T]], object]]:
         callbacks = self._callbacks
-        if callbacks is None:
+        if not isinstance(callbacks, list):
             with self._lock:
                 callbacks = self._callbacks
                 if callbacks is None:
                     callbacks = self._callbacks = []
+                elif not isinstance(callbacks, list):
+                    callbacks = self._callbacks = [callbacks]
         return callbacks
 
     def done(self) -> bool:
@@ -99,10 +105,13 @@ class LazyFuture(Future[T]):
     def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
         with self._lock:
             if self._lazy_condition is None and self._state == PENDING:
-                if self._callbacks is None:
-                    self._callbacks = [fn]
+                callbacks = self._callbacks
+                if callbacks is None:
+                    self._callbacks = fn
+                elif isinstance(callbacks, list):
+                    callbacks.append(fn)
                 else:
-                    self._callbacks.append(fn)
+                    self._callbacks = [callbacks, fn]
                 return
         if self._lazy_condition is None:  # settled without a condition: call it now
             _call(fn, self)
@@ -118,8 +127,7 @@ class LazyFuture(Future[T]):
                 self._state = FINISHED
                 callbacks, self._callbacks = self._callbacks, None
         if unwatched:
-            for fn in callbacks or ():
-                _call(fn, self)
+            _call_all(callbacks, self)
         else:
             super().set_result(result)
 
@@ -132,8 +140,7 @@ class LazyFuture(Future[T]):
                 self._state = FINISHED
                 callbacks, self._callbacks = self._callbacks, None
         if unwatched:
-            for fn in callbacks or ():
-                _call(fn, self)
+            _call_all(callbacks, self)
         else:
             super().set_exception(exception)
 
@@ -178,6 +185,15 @@ def _check_pending(future: Future[Any]) -> None:
     state = future._state
     if state != PENDING:  # not repr(future): it takes the condition, under the lock
         raise InvalidStateError(f"{state}: the future is settled already")
+
+
+def _call_all(callbacks: _Callbacks[T], future: Future[T]) -> None:
+    """The callbacks of a future settled without a condition, in the order added."""
+    if isinstance(callbacks, list):
+        for fn in callbacks:
+            _call(fn, future)
+    elif callbacks is not None:
+        _call(callbacks, future)
 
 
 def _call(fn: Callable[[Future[T]], object], future: Future[T]) -> None:
