@@ -330,13 +330,21 @@ class _Connection:
 
 
 def _encode(request_id: int, chunk: list[_Event]) -> bytes:
-    """A SEND frame for a chunk of one topic, a PUBLISH frame for one of an exchange."""
+    """A SEND frame for a chunk of one topic, a PUBLISH frame for one of an exchange.
+
+    The events give their bytes up to it: a written event is never written again (a
+    broken connection fails it), and a future its caller keeps should not keep them.
+    """
     first = chunk[0]
     payloads = [event.payload for event in chunk]
     if first.exchange is None:
         assert first.topic is not None
-        return encode_send_payloads(request_id, first.topic, payloads)
-    return encode_publish_payloads(request_id, first.exchange, payloads)
+        frame = encode_send_payloads(request_id, first.topic, payloads)
+    else:
+        frame = encode_publish_payloads(request_id, first.exchange, payloads)
+    for event in chunk:
+        event.payload = b""
+    return frame
 
 
 class Client:
