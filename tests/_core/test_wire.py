@@ -8,6 +8,9 @@ file against the instrumented build.
 
 from __future__ import annotations
 
+import enum
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -79,3 +82,29 @@ def test_a_header_that_is_not_a_str_and_bytes_pair_is_a_type_error() -> None:
         encode_wire_event(b"v", None, [(b"name", b"v")], None)  # type: ignore[list-item]
     with pytest.raises(TypeError):
         encode_wire_event(b"v", None, [("name", "text")], None)  # type: ignore[list-item]
+
+
+class _Name(enum.StrEnum):
+    TRACE = "trace"
+
+
+class _Value(bytes):
+    pass
+
+
+class _Pair(tuple):  # type: ignore[type-arg]
+    """A header whose indexing disagrees with its iteration."""
+
+    def __getitem__(self, index: Any) -> Any:
+        return b"x" * 4096 if index == 1 else super().__getitem__(index)
+
+
+def test_subclasses_of_str_and_bytes_are_headers_like_any_other() -> None:
+    payload = encode_wire_event(b"v", None, [(_Name.TRACE, _Value(b"id"))], None)
+    assert payload == encode_wire_event(b"v", None, [("trace", b"id")], None)
+
+
+def test_each_header_is_read_once() -> None:
+    """The bytes measured are the bytes copied, whatever the pair's indexing says."""
+    payload = encode_wire_event(b"v", None, [_Pair(("h", b"v"))], None)
+    assert payload == encode_wire_event(b"v", None, [("h", b"v")], None)

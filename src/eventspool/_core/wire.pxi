@@ -29,15 +29,16 @@ cdef inline char *_put_wire_field(char *p, object data, Py_ssize_t length) noexc
 def encode_wire_event(bytes value, bytes key, object headers, str event_id) -> bytes:
     """One event as a SEND body carries it: flags, key, value, headers, event_id.
 
-    `headers` are (str name, bytes | None value) pairs. Raises ValueError, naming the
-    field, for what the format cannot carry: the caller adds which event it was.
+    `headers` are (str name, bytes | None value) pairs; subclasses of str and bytes
+    count as such. Raises ValueError, naming the field, for what the format cannot
+    carry (the caller adds which event it was), TypeError for other types.
     """
     cdef Py_ssize_t klen = _wire_length(key, "key")
     cdef Py_ssize_t vlen = _wire_length(value, "value")
     cdef Py_ssize_t size = 1, count = 0, i, length
     cdef uint8_t flags = (WIRE_KEY if klen >= 0 else 0) | (WIRE_VALUE if vlen >= 0 else 0)
     cdef list names = None
-    cdef list lengths = None
+    cdef list values = None
     cdef bytes raw_id = None
     cdef char *p
     if klen >= 0:
@@ -51,12 +52,19 @@ def encode_wire_event(bytes value, bytes key, object headers, str event_id) -> b
         if count > MAX_WIRE_U16:
             raise ValueError(f"{count} headers; at most {MAX_WIRE_U16} are allowed")
         names = [None] * count
-        lengths = [None] * count
+        values = [None] * count
         size += 2
         for i in range(count):
             name, header_value = headers[i]
+            if not isinstance(name, str):
+                raise TypeError(f"header name must be a str, got {type(name).__name__}")
+            if header_value is not None and not isinstance(header_value, bytes):
+                raise TypeError(
+                    f"header {name!r} value must be bytes or None, got "
+                    f"{type(header_value).__name__}"
+                )
             try:
-                raw_name = (<str?>name).encode()
+                raw_name = PyUnicode_AsUTF8String(name)
             except UnicodeEncodeError as exc:
                 raise ValueError(
                     f"header name {name!r} is not encodable as UTF-8: {exc.reason}"
@@ -66,11 +74,11 @@ def encode_wire_event(bytes value, bytes key, object headers, str event_id) -> b
                     f"header name of {PyBytes_GET_SIZE(raw_name)} bytes; at most "
                     f"{MAX_WIRE_U16} are allowed"
                 )
-            length = -1 if header_value is None else PyBytes_GET_SIZE(<bytes?>header_value)
+            length = -1 if header_value is None else PyBytes_GET_SIZE(header_value)
             if length > MAX_WIRE_I32:
                 raise ValueError(f"header {name!r} value of {length} bytes is too large")
             names[i] = raw_name
-            lengths[i] = length
+            values[i] = header_value  # the very objects measured are the ones copied
             size += 2 + PyBytes_GET_SIZE(raw_name) + 4 + (length if length > 0 else 0)
     if event_id is not None:
         flags |= WIRE_EVENT_ID
@@ -95,11 +103,12 @@ def encode_wire_event(bytes value, bytes key, object headers, str event_id) -> b
             es_put_be16(p, <uint16_t>length)
             memcpy(p + 2, PyBytes_AS_STRING(raw_name), length)
             p += 2 + length
-            length = lengths[i]
+            header_value = values[i]
+            length = -1 if header_value is None else PyBytes_GET_SIZE(header_value)
             es_put_be32(p, <uint32_t><int32_t>length)
             p += 4
             if length > 0:
-                memcpy(p, PyBytes_AS_STRING(<bytes>headers[i][1]), length)
+                memcpy(p, PyBytes_AS_STRING(header_value), length)
                 p += length
     if raw_id is not None:
         memcpy(p, PyBytes_AS_STRING(raw_id), ID_LEN)

@@ -324,7 +324,7 @@ def encode_event(event: WireEvent, index: int = 0) -> bytes:
     """One event as a SEND body carries it; `index` names it in the error."""
     try:
         return encode_wire_event(event.value, event.key, event.headers, event.event_id)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         raise ProtocolError(f"event {index}: {exc}") from None
 
 
