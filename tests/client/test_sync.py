@@ -7,8 +7,10 @@ connection, so no agent is needed; the rest run against a real agent.
 
 from __future__ import annotations
 
+import enum
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -217,6 +219,48 @@ def test_send_async_to_a_dead_agent_fails_its_future(tmp_path: Path) -> None:
     with Client(tmp_path / "nobody.sock", timeout=0.3) as client:
         future = client.send_async("fine", b"x")
         assert isinstance(future.exception(5), AgentError)
+
+
+@pytest.mark.timeout(30)  # a timeval of zero would hang it
+@pytest.mark.parametrize("timeout", [0.3, 1e-7])
+def test_an_agent_that_never_answers_fails_the_call_within_its_timeout(
+    tmp_path: Path, timeout: float
+) -> None:
+    """The socket gives up after `timeout` (SO_RCVTIMEO), however short: a timeval of
+    zero would mean never."""
+    path = tmp_path / "silent.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen()
+        started = time.monotonic()
+        with Client(path, timeout=timeout) as client, pytest.raises(AgentError):
+            client.ping()
+        assert time.monotonic() - started < 5
+
+
+def test_a_tcp_agent_that_never_answers_its_greeting_times_out_in_words(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with (
+            Client(f"tcp://127.0.0.1:{port}", timeout=0.3) as client,
+            pytest.raises(AgentError, match=r"no answer within 0\.3 s"),
+        ):
+            client.ping()
+
+
+class _HeaderName(enum.StrEnum):
+    TRACE = "trace"
+
+
+def test_headers_named_by_a_str_enum_are_sent(agent_factory: AgentFactory) -> None:
+    agent = agent_factory()
+    agent.start()
+    with Client(agent.socket_path) as client:
+        assert client.send("enum-headers", b"v", headers={_HeaderName.TRACE: b"x"})
 
 
 def test_one_client_shared_by_sixteen_threads_pipelines_their_sends(

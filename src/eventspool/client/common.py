@@ -23,7 +23,7 @@ from eventspool.agent.protocol import (
 )
 from eventspool.agent.tls import openssl_text
 from eventspool.config import validate_topic
-from eventspool.envelope import HeadersInput, caller_event_id, normalize_headers
+from eventspool.envelope import HeaderList, HeadersInput, caller_event_id, normalize_headers
 from eventspool.errors import AgentError, EventspoolError, ForbiddenError, InvalidEventError
 from eventspool.routing.exchanges import validate_routing_key
 
@@ -74,11 +74,27 @@ def event_payload(
     so what waits for a frame is one bytes object, not an object per field.
     """
     payload = _payload(value, key, headers, event_id, "topic", topic)
+    _check_topic(topic)
+    return payload
+
+
+def check_event(
+    topic: str | None,
+    value: bytes | None,
+    key: bytes | str | None,
+    headers: HeadersInput | None,
+    event_id: str | uuid.UUID | None = None,
+) -> None:
+    """The checks of `event_payload()` alone, for a caller that sends the event later."""
+    _fields(value, key, headers, event_id, "topic", topic)
+    _check_topic(topic)
+
+
+def _check_topic(topic: str | None) -> None:
     if type(topic) is not str or topic not in _VALID_TOPICS:
         checked = validate_topic(topic)
         if len(_VALID_TOPICS) < _VALID_TOPICS_MAX:
             _VALID_TOPICS.add(checked)
-    return payload
 
 
 # Topic names already checked: the rule costs more than the rest of a send.
@@ -122,6 +138,22 @@ def _payload(  # noqa: PLR0917  # send()'s own parameters, in its order
     name: object,
 ) -> bytes:
     """The event as the wire carries it; `kind` and `name` only make error messages."""
+    fields = _fields(value, key, headers, event_id, kind, name)
+    try:
+        return encode_wire_event(*fields)
+    except ValueError as exc:  # a size no frame can carry
+        raise InvalidEventError(f"event for {kind} {name!r}: {exc}") from None
+
+
+def _fields(  # noqa: PLR0917  # send()'s own parameters, in its order
+    value: bytes | None,
+    key: bytes | str | None,
+    headers: HeadersInput | None,
+    event_id: str | uuid.UUID | None,
+    kind: str,
+    name: object,
+) -> tuple[bytes | None, bytes | None, HeaderList | None, str | None]:
+    """The checked (value, key, headers, event_id) of an event, as the wire takes them."""
     if value is not None and type(value) is not bytes:
         raise InvalidEventError(f"value must be bytes or None, got {type(value).__name__}")
     raw_key: bytes | None
@@ -139,11 +171,7 @@ def _payload(  # noqa: PLR0917  # send()'s own parameters, in its order
             f"key for {kind} {name!r} must be bytes, str or None, got {type(key).__name__}"
         )
     header_list = normalize_headers(headers)
-    checked_id = None if event_id is None else caller_event_id(event_id)
-    try:
-        return encode_wire_event(value, raw_key, header_list, checked_id)
-    except ValueError as exc:  # a size no frame can carry
-        raise InvalidEventError(f"event for {kind} {name!r}: {exc}") from None
+    return value, raw_key, header_list, None if event_id is None else caller_event_id(event_id)
 
 
 TCP_PREFIX = "tcp://"

@@ -601,13 +601,20 @@ class Client:
         Only a caller waits here, and only while someone reads the answers: an agent
         whose answers are not read stops reading requests.
         """
+        deadline = time.monotonic() + self.timeout
         try:
             written = _write_now(connection, data)
             if written < len(data):
                 with self._lock:
                     if not connection.reading:
                         self._reader_wanted.notify()
-                connection.sock.sendall(data[written:])
+            rest = memoryview(data)[written:]
+            while rest:  # each send() waits for room up to SO_SNDTIMEO
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no room to write within {self.timeout} s")
+                rest = rest[connection.sock.send(rest) :]
+        except BlockingIOError:
+            self._drop(connection, f"writing failed: no room to write within {self.timeout} s")
         except OSError as exc:
             self._drop(connection, f"writing failed: {exc}")
 
@@ -650,13 +657,23 @@ class Client:
             frames.append(frame)
         targets = connection.targets
         with self._lock:
-            connection.in_flight.update(requests)
+            # Dropped meanwhile (by the reader, or close()): nobody would settle these.
+            closed = connection.closed
+            if not closed:
+                connection.in_flight.update(requests)
+                for request in requests.values():
+                    if type(request) is list:
+                        target = (request[0].topic, request[0].exchange)
+                        targets[target] = targets.get(target, 0) + 1
+                if not connection.reading and any(type(item) is _EventFuture for item in batch):
+                    self._reader_wanted.notify()
+        if closed:
+            unsent = AgentError(
+                f"agent at {self.target}: the connection closed before the request was written"
+            )
             for request in requests.values():
-                if type(request) is list:
-                    target = (request[0].topic, request[0].exchange)
-                    targets[target] = targets.get(target, 0) + 1
-            if not connection.reading and any(type(item) is _EventFuture for item in batch):
-                self._reader_wanted.notify()
+                self._fail([request] if isinstance(request, _Control) else request, unsent)
+            return b""
         return b"".join(frames)
 
     def _requests(self, batch: list[_Event | _Control]) -> list[_Request]:
@@ -771,6 +788,8 @@ class Client:
                 if not data:
                     raise ConnectionResetError
                 frames = connection.decoder.feed(data if tls is None else tls.open(data))
+        except BlockingIOError:  # SO_RCVTIMEO or SO_SNDTIMEO ran out
+            raise AgentError(f"{where}: no answer within {self.timeout} s") from None
         except (OSError, ProtocolError) as exc:  # ssl.SSLError and resets are OSErrors
             raise greeting_failure(exc, where, tls=tls is not None) from None
         greeting.check(frames[0], where)
@@ -994,7 +1013,8 @@ def _block_with_timeout(sock: socket.socket, timeout: float) -> None:
     not wait sends with MSG_DONTWAIT.
     """
     seconds = int(timeout)
-    interval = struct.pack("@ll", seconds, int((timeout - seconds) * 1_000_000))
+    micros = max(int((timeout - seconds) * 1_000_000), 0 if seconds else 1)  # 0, 0: forever
+    interval = struct.pack("@ll", seconds, micros)
     sock.settimeout(None)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, interval)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, interval)
