@@ -578,6 +578,7 @@ class AsyncSend:
         self._fired = 0
         self._started: dict[Future[str], int] = {}
         self._on_done = self._settled
+        self._failures = threading.Lock()  # callbacks run on whichever thread read the answer
         self.ack_ns: list[int] = []
         self.failed = 0
 
@@ -594,7 +595,8 @@ class AsyncSend:
         if future.exception() is None:
             self.ack_ns.append(time.perf_counter_ns() - started)
         else:
-            self.failed += 1
+            with self._failures:
+                self.failed += 1
 
     def wait(self) -> tuple[list[int], int]:
         """(acknowledgement latencies in ns, failures) of every send since the last wait;
