@@ -28,7 +28,7 @@ from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
-from eventspool.client.common import check_event
+from eventspool.client.common import event_payload
 from eventspool.client.sync import AgentError, Client
 from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import validate_topic
@@ -312,7 +312,7 @@ class AgentHandler(logging.Handler):
         try:
             key = _key_of(record, self.key_attribute)
             value = self.format(record).encode()
-            check_event(self.topic, value, key, None)  # a bad event fails here, not its batch
+            event_payload(self.topic, value, key, None)  # a bad event fails here, not its batch
             with self._buffer_lock:
                 if len(self._buffer) >= self.buffer_size:
                     self.dropped += 1

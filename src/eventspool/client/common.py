@@ -23,7 +23,7 @@ from eventspool.agent.protocol import (
 )
 from eventspool.agent.tls import openssl_text
 from eventspool.config import validate_topic
-from eventspool.envelope import HeaderList, HeadersInput, caller_event_id, normalize_headers
+from eventspool.envelope import HeadersInput, caller_event_id, normalize_headers
 from eventspool.errors import AgentError, EventspoolError, ForbiddenError, InvalidEventError
 from eventspool.routing.exchanges import validate_routing_key
 
@@ -78,18 +78,6 @@ def event_payload(
     return payload
 
 
-def check_event(
-    topic: str | None,
-    value: bytes | None,
-    key: bytes | str | None,
-    headers: HeadersInput | None,
-    event_id: str | uuid.UUID | None = None,
-) -> None:
-    """The checks of `event_payload()` alone, for a caller that sends the event later."""
-    _fields(value, key, headers, event_id, "topic", topic)
-    _check_topic(topic)
-
-
 def _check_topic(topic: str | None) -> None:
     if type(topic) is not str or topic not in _VALID_TOPICS:
         checked = validate_topic(topic)
@@ -138,22 +126,6 @@ def _payload(  # noqa: PLR0917  # send()'s own parameters, in its order
     name: object,
 ) -> bytes:
     """The event as the wire carries it; `kind` and `name` only make error messages."""
-    fields = _fields(value, key, headers, event_id, kind, name)
-    try:
-        return encode_wire_event(*fields)
-    except ValueError as exc:  # a size no frame can carry
-        raise InvalidEventError(f"event for {kind} {name!r}: {exc}") from None
-
-
-def _fields(  # noqa: PLR0917  # send()'s own parameters, in its order
-    value: bytes | None,
-    key: bytes | str | None,
-    headers: HeadersInput | None,
-    event_id: str | uuid.UUID | None,
-    kind: str,
-    name: object,
-) -> tuple[bytes | None, bytes | None, HeaderList | None, str | None]:
-    """The checked (value, key, headers, event_id) of an event, as the wire takes them."""
     if value is not None and type(value) is not bytes:
         raise InvalidEventError(f"value must be bytes or None, got {type(value).__name__}")
     raw_key: bytes | None
@@ -171,7 +143,11 @@ def _fields(  # noqa: PLR0917  # send()'s own parameters, in its order
             f"key for {kind} {name!r} must be bytes, str or None, got {type(key).__name__}"
         )
     header_list = normalize_headers(headers)
-    return value, raw_key, header_list, None if event_id is None else caller_event_id(event_id)
+    checked_id = None if event_id is None else caller_event_id(event_id)
+    try:
+        return encode_wire_event(value, raw_key, header_list, checked_id)
+    except ValueError as exc:  # a size no frame can carry
+        raise InvalidEventError(f"event for {kind} {name!r}: {exc}") from None
 
 
 TCP_PREFIX = "tcp://"
