@@ -410,7 +410,7 @@ class Client:
         agent routes the event by `routing_key`, as `Spool.send()` does.
         """
         reply = _Reply(1)
-        payload = _payload(topic, value, key, headers, event_id, exchange, routing_key)
+        payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
         self._submit([_Waiting(topic, exchange, payload, reply)])
         outcome = self._wait(reply)[0]
         if isinstance(outcome, str):
@@ -438,7 +438,7 @@ class Client:
         the memory, as librdkafka's `queue.buffering.max.messages` does.
         """
         outstanding = self._outstanding
-        payload = _payload(topic, value, key, headers, event_id, exchange, routing_key)
+        payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
         future = _EventFuture(topic, exchange, payload, outstanding)
         self._submit([future])
         if outstanding.add() > self.max_queued:
@@ -987,7 +987,7 @@ def _outcome(result: EventResult) -> Outcome:
     return _ERRORS.get(result.status, AgentError)(result.text)
 
 
-def _payload(  # noqa: PLR0917  # send()'s own parameters, in its order
+def _checked_payload(  # noqa: PLR0917  # send()'s own parameters, in its order
     topic: str | None,
     value: bytes | None,
     key: bytes | str | None,
