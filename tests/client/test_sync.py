@@ -160,7 +160,7 @@ def test_send_async_futures_resolve_without_waiting_callers(
     ids = [future.result() for future in futures]
     assert len(set(ids)) == 4000
     # A future its caller keeps does not keep the event's bytes once they are written.
-    assert all(vars(future)["payload"] == b"" for future in futures)
+    assert all(vars(future)["_payload"] == b"" for future in futures)
     seen = consume_event_ids(broker.bootstrap_servers, [topic], ids, timeout=60)
     assert ledger(ids, seen).lost == 0
 

@@ -74,15 +74,15 @@ def event_payload(
     so what waits for a frame is one bytes object, not an object per field.
     """
     payload = _payload(value, key, headers, event_id, "topic", topic)
-    _check_topic(topic)
+    if type(topic) is not str or topic not in _VALID_TOPICS:
+        _check_topic(topic)
     return payload
 
 
 def _check_topic(topic: str | None) -> None:
-    if type(topic) is not str or topic not in _VALID_TOPICS:
-        checked = validate_topic(topic)
-        if len(_VALID_TOPICS) < _VALID_TOPICS_MAX:
-            _VALID_TOPICS.add(checked)
+    checked = validate_topic(topic)
+    if len(_VALID_TOPICS) < _VALID_TOPICS_MAX:
+        _VALID_TOPICS.add(checked)
 
 
 # Topic names already checked: the rule costs more than the rest of a send.
@@ -142,7 +142,7 @@ def _payload(  # noqa: PLR0917  # send()'s own parameters, in its order
         raise InvalidEventError(
             f"key for {kind} {name!r} must be bytes, str or None, got {type(key).__name__}"
         )
-    header_list = normalize_headers(headers)
+    header_list = None if headers is None else normalize_headers(headers)
     checked_id = None if event_id is None else caller_event_id(event_id)
     try:
         return encode_wire_event(value, raw_key, header_list, checked_id)

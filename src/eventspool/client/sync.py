@@ -165,13 +165,14 @@ class _Reply:
     def done(self) -> bool:
         return self._finished
 
-    def wait_done(self, timeout: float) -> bool:
+    def _wait_done(self, timeout: float) -> bool:
         return self._lock.acquire(timeout=timeout)
 
 
 class _Outstanding:
     """How many `send_async()` events were queued and settled; `itertools.count` steps
-    atomically, so callers and readers count without a lock."""
+    atomically, so callers and readers count without a lock. Queued minus settled is
+    roughly how many are unsettled, ample for a bound."""
 
     __slots__ = ("queued", "settled", "settled_total")
 
@@ -180,37 +181,35 @@ class _Outstanding:
         self.settled = itertools.count(1)
         self.settled_total = 0
 
-    def add(self) -> int:
-        """Count one more queued; roughly how many are unsettled, ample for a bound."""
-        return next(self.queued) - self.settled_total
-
 
 class _EventFuture(LazyFuture[str]):
     """The future `send_async()` returns, and the event it stands for while it waits to
     be written and answered: one object per event, where a queue entry, a reply and a
     future would be three for the cyclic collector to track (measured: with 8 callers
-    firing, the collector took half of the client's time)."""
+    firing, the collector took half of the client's time). What the client keeps on it
+    is named as private, as the future is the caller's to hold."""
 
     def __init__(
         self, topic: str | None, exchange: str | None, payload: bytes, outstanding: _Outstanding
     ) -> None:
-        super().__init__()
-        self.topic = topic
-        self.exchange = exchange
-        self.payload = payload
-        self.outstanding = outstanding
+        LazyFuture.__init__(self)
+        self._topic = topic
+        self._exchange = exchange
+        self._payload = payload
+        self._outstanding = outstanding
 
-    def wait_done(self, timeout: float) -> bool:
+    def _wait_done(self, timeout: float) -> bool:
         return bool(futures_wait((self,), timeout).done)
 
-    def settle(self, outcome: Outcome) -> None:
-        outstanding = self.outstanding
+    def _settle(self, outcome: Outcome) -> None:
+        outstanding = self._outstanding
         outstanding.settled_total = next(outstanding.settled)
         try:
             if isinstance(outcome, str):
-                self.set_result(outcome)
-            else:
-                self.set_exception(outcome)
+                if not self._settle_unwatched(outcome, None):
+                    Future.set_result(self, outcome)
+            elif not self._settle_unwatched(None, outcome):
+                Future.set_exception(self, outcome)
         except InvalidStateError:  # cancelled by its caller
             pass
 
@@ -220,13 +219,13 @@ class _Waiting:
     """One event of `send()` or `send_many()` queued or written, and the slot of its
     caller's reply."""
 
-    topic: str | None  # None: published through `exchange`
-    exchange: str | None
-    payload: bytes  # the event as its SEND (PUBLISH) body carries it
+    _topic: str | None  # None: published through `exchange`
+    _exchange: str | None
+    _payload: bytes  # the event as its SEND (PUBLISH) body carries it
     reply: _Reply
     index: int = 0
 
-    def settle(self, outcome: Outcome) -> None:
+    def _settle(self, outcome: Outcome) -> None:
         self.reply.set(self.index, outcome)
 
 
@@ -336,14 +335,14 @@ def _encode(request_id: int, chunk: list[_Event]) -> bytes:
     broken connection fails it), and a future its caller keeps should not keep them.
     """
     first = chunk[0]
-    payloads = [event.payload for event in chunk]
-    if first.exchange is None:
-        assert first.topic is not None
-        frame = encode_send_payloads(request_id, first.topic, payloads)
+    payloads = [event._payload for event in chunk]
+    if first._exchange is None:
+        assert first._topic is not None
+        frame = encode_send_payloads(request_id, first._topic, payloads)
     else:
-        frame = encode_publish_payloads(request_id, first.exchange, payloads)
+        frame = encode_publish_payloads(request_id, first._exchange, payloads)
     for event in chunk:
-        event.payload = b""
+        event._payload = b""
     return frame
 
 
@@ -437,11 +436,14 @@ class Client:
         that fire faster than the agent spools are slowed to its pace, not left to fill
         the memory, as librdkafka's `queue.buffering.max.messages` does.
         """
+        if exchange is None:  # the usual case, without a call on the way
+            payload = event_payload(topic, value, key, headers, event_id)
+        else:
+            payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
         outstanding = self._outstanding
-        payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
         future = _EventFuture(topic, exchange, payload, outstanding)
         self._submit([future])
-        if outstanding.add() > self.max_queued:
+        if next(outstanding.queued) - outstanding.settled_total > self.max_queued:
             with contextlib.suppress(AgentError):  # queued all the same: the future tells
                 self._wait(future)
         return future
@@ -522,7 +524,7 @@ class Client:
                 )
             connection = self._take_reading()
             if connection is None:
-                reply.wait_done(left)
+                reply._wait_done(left)
             else:
                 self._read(connection, reply, deadline)
         if isinstance(reply, _EventFuture):
@@ -553,7 +555,7 @@ class Client:
             first = items[0]
             if connection.reader_busy or (
                 not isinstance(first, _Control)
-                and (first.topic, first.exchange) in connection.targets
+                and (first._topic, first._exchange) in connection.targets
             ):
                 return
         self._flush()
@@ -663,7 +665,7 @@ class Client:
                 connection.in_flight.update(requests)
                 for request in requests.values():
                     if type(request) is list:
-                        target = (request[0].topic, request[0].exchange)
+                        target = (request[0]._topic, request[0]._exchange)
                         targets[target] = targets.get(target, 0) + 1
                 if not connection.reading and any(type(item) is _EventFuture for item in batch):
                     self._reader_wanted.notify()
@@ -684,7 +686,7 @@ class Client:
             if isinstance(item, _Control):
                 requests.append(item)
             else:
-                by_target.setdefault((item.topic, item.exchange), []).append(item)
+                by_target.setdefault((item._topic, item._exchange), []).append(item)
         budget = self.max_frame_bytes - _SEND_OVERHEAD
         for (topic, exchange), group in by_target.items():
             name = exchange if exchange is not None else topic
@@ -692,7 +694,7 @@ class Client:
             chunk: list[_Event] = []
             size = name_size
             for item in group:
-                item_size = len(item.payload)
+                item_size = len(item._payload)
                 if chunk and (size + item_size > budget or len(chunk) >= MAX_EVENTS_PER_SEND):
                     requests.append(chunk)
                     chunk, size = [], name_size
@@ -874,7 +876,7 @@ class Client:
         with self._lock:
             request = connection.in_flight.pop(frame.request_id, None)
             if type(request) is list:
-                target = (request[0].topic, request[0].exchange)
+                target = (request[0]._topic, request[0]._exchange)
                 left = connection.targets[target] - 1
                 if left:
                     connection.targets[target] = left
@@ -906,11 +908,11 @@ class Client:
                     f"SEND_RESULT has {len(results)} results for a SEND of {len(request)} events"
                 )
             for item, result in zip(request, results, strict=True):
-                item.settle(result if type(result) is str else _refusal(result))
+                item._settle(result if type(result) is str else _refusal(result))
         elif frame.type is FrameType.ERROR:
             error = _outcome(decode_error(frame.body))
             for item in request:
-                item.settle(error)
+                item._settle(error)
         else:
             raise ProtocolError(f"a {frame.type.name} frame answered a SEND")
 
@@ -948,7 +950,7 @@ class Client:
             if isinstance(item, _Control):
                 item.reply.set(0, error)
             else:
-                item.settle(error)
+                item._settle(error)
 
 
 def _write_now(connection: _Connection, data: bytes) -> int:
