@@ -54,7 +54,10 @@ def consume_event_ids(
     too, so a loss shows up as missing ids rather than a hang; with `idle_timeout`, also
     once no record at all arrived for that long (the producer is done, the rest is lost).
     `id_of` reads a record's id (None: not one of ours); `poll_timeout` bounds how late
-    the last record is noticed, since each poll waits that long unless 10,000 arrive.
+    the last record is noticed, since each poll waits that long unless 10,000 arrive, and
+    so does each fetch: a broker that holds a fetch for `fetch.wait.max.ms` (500 by
+    default) when no record is there yet would otherwise let the last records wait that
+    long, whatever the poll.
     With `to_end`, also reads every partition up to its end as it was when the read began
     (exact on tansu too), so the duplicates and the records nobody expected behind the last
     expected one count.
@@ -65,6 +68,7 @@ def consume_event_ids(
             "group.id": f"eventspool-verify-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "enable.partition.eof": False,
+            "fetch.wait.max.ms": max(1, round(poll_timeout * 1000)),
         }
     )
     seen: Counter[str] = Counter()
