@@ -13,9 +13,12 @@ An event for a topic that already has a request in flight is not written at once
 reader writes it, with everything queued meanwhile, as soon as it has handled its next
 answers. Callers that fire faster than the round trip so share frames (one write and
 one answer per frame, not per event), and the agent keeps one topic's requests in order
-anyway. The reader never waits for room in the socket: what does not fit waits until the
-socket is writable again, and it reads answers meanwhile, so a full socket both ways
-cannot stall the two sides.
+anyway. Once `max_batch` events are queued, though, the caller writes them: a reader
+that busy callers keep from the interpreter lock must not leave the agent idle
+(measured with 8 threads firing: the agent then spooled a burst while it came, instead
+of half of it after the callers were done). The reader never waits for room in the
+socket: what does not fit waits until the socket is writable again, and it reads answers
+meanwhile, so a full socket both ways cannot stall the two sides.
 
 `send_many()` hands a batch for one topic over in one call; `send_async()` returns at
 once with a future, for callers that want fire-and-go latency yet learn each outcome.
@@ -546,12 +549,14 @@ class Client:
         handles answers, is left to the reader: it writes after its next answers, so
         callers that fire faster than the round trip share frames instead of each paying
         a write and a wake-up. The agent answers one target's requests in order anyway.
+        A full batch queued is written at once, whoever reads.
         """
         if self._closed:
             raise AgentError(f"agent at {self.target}: the client is closed")
-        self._pending.extend(items)
+        pending = self._pending
+        pending.extend(items)
         connection = self._connection
-        if connection is not None:
+        if connection is not None and len(pending) < self.max_batch:
             first = items[0]
             if connection.reader_busy or (
                 not isinstance(first, _Control)
