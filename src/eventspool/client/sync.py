@@ -356,7 +356,7 @@ class Client:
         *,
         timeout: float = 10.0,
         max_batch: int = 1000,
-        max_queued: int = 100_000,
+        max_queued: int = 10_000,
         reconnect_backoff_s: float = 0.05,
         max_frame_bytes: int = DEFAULT_MAX_FRAME,
         ssl_context: ssl.SSLContext | None = None,
