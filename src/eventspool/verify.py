@@ -17,6 +17,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from eventspool.endoffsets import true_end_offsets
 
+# librdkafka's own default: a longer poll needs no longer fetch.
+_FETCH_WAIT_MAX_MS = 500
+
 
 @dataclass(frozen=True, slots=True)
 class Ledger:
@@ -68,7 +71,7 @@ def consume_event_ids(
             "group.id": f"eventspool-verify-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "enable.partition.eof": False,
-            "fetch.wait.max.ms": max(1, round(poll_timeout * 1000)),
+            "fetch.wait.max.ms": min(max(1, round(poll_timeout * 1000)), _FETCH_WAIT_MAX_MS),
         }
     )
     seen: Counter[str] = Counter()

@@ -6,7 +6,9 @@ Each case runs on a plain Future too, so the expectations are Future's own, not 
 from __future__ import annotations
 
 import logging
+import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -234,3 +236,24 @@ def test_settling_races_waiters_and_callbacks(kind: type[Future[int]]) -> None:
         thread.join(30)
     assert sorted(seen) == list(range(1, len(futures), 2))
     assert called == [1 if index % 2 == 0 else 0 for index in range(len(futures))]
+
+
+def test_a_forked_child_settles_futures_though_the_parent_held_their_locks() -> None:
+    """Futures share a set of locks; one held at the fork would stay held in the child,
+    so a child takes a fresh set."""
+    held = [LazyFuture[str]()._lock for _ in range(64)]  # each of the set once
+    for lock in held:
+        lock.acquire()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: settle fresh futures, or hang until killed
+            signal.alarm(10)
+            futures = [LazyFuture[str]() for _ in range(64)]
+            for future in futures:
+                future.set_result("settled")
+            os._exit(0 if all(f.result(0) == "settled" for f in futures) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        for lock in held:
+            lock.release()
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -287,3 +287,31 @@ def test_one_client_shared_by_sixteen_threads_pipelines_their_sends(
     assert len(set(ids)) == 3200
     seen = consume_event_ids(broker.bootstrap_servers, [topic], ids, timeout=60)
     assert ledger(ids, seen).lost == 0
+
+
+def test_a_done_callback_that_sends_over_the_bounds_does_not_wait_for_itself(
+    agent_factory: AgentFactory, topic_factory: Callable[[int], str]
+) -> None:
+    """Callbacks run on the thread reading answers. One that sends again, over
+    `max_queued` and with a full batch queued, must neither wait for its own answer
+    (nobody else would read it: it would wait out the timeout) nor for room to write."""
+    topic = topic_factory(1)
+    agent = agent_factory()
+    agent.start()
+    sent: list[Future[str]] = []
+    done = threading.Event()
+
+    def send_three(_future: Future[str]) -> None:
+        sent.extend(client.send_async(topic, b"from a callback %d" % n) for n in range(3))
+        done.set()
+
+    with Client(agent.socket_path, timeout=5.0, max_queued=1, max_batch=1) as client:
+        client.send(topic, b"connect")
+        started = time.monotonic()
+        first = client.send_async(topic, b"first")
+        first.add_done_callback(send_three)
+        assert done.wait(15)
+        elapsed = time.monotonic() - started
+        ids = [future.result(5) for future in [first, *sent]]
+    assert elapsed < 4.0, f"a callback waited on itself: {elapsed:.1f} s"
+    assert len(set(ids)) == 4

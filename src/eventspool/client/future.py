@@ -6,16 +6,17 @@ constructor: a fifth of the client's CPU per event, measured. This one builds it
 when a caller has to block (`result()` or `exception()` before it is settled,
 `concurrent.futures.wait()`, `as_completed()`) or for `cancel()`; a future settled
 before that lends a condition that holds nothing, as nothing about it can change.
-Settling, callbacks and reading a settled future take a plain lock of the future's own
-instead. It stays a real Future, so every function of `concurrent.futures` accepts it.
+Settling and callbacks take a plain lock instead, and reading a settled future takes
+none. It stays a real Future, so every function of `concurrent.futures` accepts it.
 
 The lock is one of a set the futures take in turn, not one for the module: callers
 adding callbacks and the reader settling futures would otherwise queue on one lock, and a
 thread that loses the interpreter lock while holding it stalls all of them (measured
 with 8 caller threads: 85% of their time spent waiting in `add_done_callback`). Nor is
 it a lock per future: that is a second object per event for the cyclic collector to
-walk. It is held for a few instructions and never while another lock is taken, so
-futures that share one cannot deadlock.
+walk. It is held for a few instructions, and nothing is acquired while it is held, so
+futures that share one cannot deadlock. A forked child gets a fresh set: a lock another
+thread held at the fork would stay held there.
 
 It relies on Future's internals as CPython writes them (`_condition`, `_state`,
 `_result`, `_exception`, `_done_callbacks`): `tests/client/test_future.py` runs the
@@ -25,6 +26,7 @@ public behaviour against it, so a Python release that changes them fails there f
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
@@ -33,8 +35,22 @@ from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
-_LOCKS = tuple(threading.Lock() for _ in range(64))
-_next_lock = itertools.count()
+_LOCK_COUNT = 64
+
+
+def _lock_cycle() -> itertools.cycle[threading.Lock]:
+    return itertools.cycle([threading.Lock() for _ in range(_LOCK_COUNT)])
+
+
+_locks = _lock_cycle()
+
+
+def _renew_locks() -> None:
+    global _locks  # noqa: PLW0603  # replaced whole in a forked child, never changed else
+    _locks = _lock_cycle()
+
+
+os.register_at_fork(after_in_child=_renew_locks)
 
 #: A future's done callbacks: none, the only one, or a list of them.
 _Callbacks = Callable[[Future[T]], object] | list[Callable[[Future[T]], object]] | None
@@ -46,7 +62,7 @@ class LazyFuture(Future[T]):
     def __init__(self) -> None:  # not Future.__init__: it would build the condition
         # Held for a few instructions: to make the condition, or to settle or watch the
         # future while it has none. While that is None nobody can be blocked on it.
-        self._lock = _LOCKS[next(_next_lock) % len(_LOCKS)]
+        self._lock = next(_locks)
         self._lazy_condition: threading.Condition | None = None
         self._state = PENDING
         self._result: T | None = None

@@ -13,12 +13,14 @@ An event for a topic that already has a request in flight is not written at once
 reader writes it, with everything queued meanwhile, as soon as it has handled its next
 answers. Callers that fire faster than the round trip so share frames (one write and
 one answer per frame, not per event), and the agent keeps one topic's requests in order
-anyway. Once `max_batch` events are queued, though, the caller writes them: a reader
-that busy callers keep from the interpreter lock must not leave the agent idle
-(measured with 8 threads firing: the agent then spooled a burst while it came, instead
-of half of it after the callers were done). The reader never waits for room in the
-socket: what does not fit waits until the socket is writable again, and it reads answers
-meanwhile, so a full socket both ways cannot stall the two sides.
+anyway. Once `max_batch` events are queued, though, the caller writes them (unless the
+reader is handing out answers, and about to write them): a reader that busy callers keep
+from the interpreter lock must not leave the agent idle (measured with 8 threads firing:
+the agent then spooled a burst while it came, instead of half of it after the callers
+were done). The reader never waits for room in the socket: what does not fit waits until
+the socket is writable again, and it reads answers meanwhile, so a full socket both ways
+cannot stall the two sides. Done callbacks run on the reader, and a `send_async()` there
+never waits for its own answer over `max_queued`: nobody else would read it.
 
 `send_many()` hands a batch for one topic over in one call; `send_async()` returns at
 once with a future, for callers that want fire-and-go latency yet learn each outcome.
@@ -329,6 +331,8 @@ class _Connection:
         # before it reads again, so callers that see it busy leave their events to it.
         self.reader_busy = False
         self.reader: threading.Thread | None = None
+        # The thread in `_read`, while one is.
+        self.reader_ident: int | None = None
 
 
 def _encode(request_id: int, chunk: list[_Event]) -> bytes:
@@ -446,7 +450,10 @@ class Client:
         outstanding = self._outstanding
         future = _EventFuture(topic, exchange, payload, outstanding)
         self._submit([future])
-        if next(outstanding.queued) - outstanding.settled_total > self.max_queued:
+        if (
+            next(outstanding.queued) - outstanding.settled_total > self.max_queued
+            and not self._reading_here()
+        ):
             with contextlib.suppress(AgentError):  # queued all the same: the future tells
                 self._wait(future)
         return future
@@ -549,17 +556,20 @@ class Client:
         handles answers, is left to the reader: it writes after its next answers, so
         callers that fire faster than the round trip share frames instead of each paying
         a write and a wake-up. The agent answers one target's requests in order anyway.
-        A full batch queued is written at once, whoever reads.
+        A full batch queued is written at once, unless the reader is busy.
         """
         if self._closed:
             raise AgentError(f"agent at {self.target}: the client is closed")
         pending = self._pending
         pending.extend(items)
         connection = self._connection
-        if connection is not None and len(pending) < self.max_batch:
+        if connection is not None:
             first = items[0]
+            # A busy reader writes next in any case; the caller may be that very reader,
+            # in a done callback, and must not wait for room while nobody reads.
             if connection.reader_busy or (
-                not isinstance(first, _Control)
+                len(pending) < self.max_batch
+                and not isinstance(first, _Control)
                 and (first._topic, first._exchange) in connection.targets
             ):
                 return
@@ -804,6 +814,12 @@ class Client:
 
     # ---- reading: a waiting caller, or the reader thread ---------------------------------
 
+    def _reading_here(self) -> bool:
+        """Whether this thread reads the answers now (in a done callback): waiting for its
+        own answer would wait for itself."""
+        connection = self._connection
+        return connection is not None and connection.reader_ident == threading.get_ident()
+
     def _take_reading(self) -> _Connection | None:
         """The connection, when the caller may read it: nobody else is reading."""
         with self._lock:
@@ -830,6 +846,7 @@ class Client:
     ) -> None:
         """Hand out answers until `reply` is done (or, without one, none is due)."""
         reason = ""
+        connection.reader_ident = threading.get_ident()
         try:
             while True:
                 # Not busy first, then the queue: a caller queues first, then looks at
@@ -859,6 +876,7 @@ class Client:
         except (OSError, ProtocolError) as exc:
             reason = str(exc) or type(exc).__name__
         connection.reader_busy = False
+        connection.reader_ident = None
         with self._lock:
             connection.reading = False
             if connection.in_flight and not connection.closed:
