@@ -315,3 +315,28 @@ def test_a_done_callback_that_sends_over_the_bounds_does_not_wait_for_itself(
         ids = [future.result(5) for future in [first, *sent]]
     assert elapsed < 4.0, f"a callback waited on itself: {elapsed:.1f} s"
     assert len(set(ids)) == 4
+
+
+def test_close_while_a_writer_connects_leaves_no_connection_behind(
+    agent_factory: AgentFactory, topic_factory: Callable[[int], str]
+) -> None:
+    """A writer that checked the client open, then connects while close() runs: the new
+    connection is not kept (no frame after close(), no reader left running)."""
+    topic = topic_factory(1)
+    agent = agent_factory()
+    agent.start()
+    client = Client(agent.socket_path, timeout=5.0)
+    connect = client._open_socket
+
+    def close_meanwhile() -> socket.socket:
+        sock = connect()
+        client.close()
+        return sock
+
+    client._open_socket = close_meanwhile  # type: ignore[method-assign]
+    readers_before = {t for t in threading.enumerate() if t.name == "eventspool-client-reader"}
+    with pytest.raises(AgentError, match="the client was closed"):
+        client.send(topic, b"written after close")
+    assert client._connection is None
+    readers = {t for t in threading.enumerate() if t.name == "eventspool-client-reader"}
+    assert readers <= readers_before

@@ -764,7 +764,12 @@ class Client:
         )
         connection.reader = reader
         with self._lock:
-            self._connection = connection
+            closed = self._closed
+            if not closed:
+                self._connection = connection
+        if closed:  # close() came while connecting: it could not drop this one
+            sock.close()
+            raise AgentError(f"agent at {self.target}: the client was closed")
         reader.start()
         return connection
 
