@@ -142,34 +142,37 @@ class LazyFuture(Future[T]):
             super().add_done_callback(fn)
 
     def set_result(self, result: T) -> None:
-        if not self._settle_unwatched(result, None):
-            super().set_result(result)
+        self._finish(result, None)
 
     def set_exception(self, exception: BaseException | None) -> None:
-        if not self._settle_unwatched(None, exception):
-            super().set_exception(exception)
+        self._finish(None, exception)
 
-    def _settle_unwatched(self, result: T | None, exception: BaseException | None) -> bool:
-        """Settle a future nobody waits on without its condition, and run its callbacks;
-        False if it has a condition, for Future's own way. One call per event on the
-        client's reader, so the callbacks are run here, not through helpers."""
+    def _finish(self, result: T | None, exception: BaseException | None) -> None:
+        """Settle with a result, or with an exception if one is given: a future nobody
+        waits on without its condition, running its callbacks here (one call per event on
+        the client's reader, not a chain of helpers); one with a condition Future's way."""
         with self._lock:
-            if self._lazy_condition is not None:
-                return False
-            if self._state != PENDING:  # not repr(self): it takes the condition, under the lock
-                raise InvalidStateError(f"{self._state}: the future is settled already")
-            self._result = result
-            self._exception = exception
-            self._state = FINISHED
-            callbacks, self._callbacks = self._callbacks, None
+            watched = self._lazy_condition is not None
+            if not watched:
+                if self._state != PENDING:  # not repr(self): it takes the condition
+                    raise InvalidStateError(f"{self._state}: the future is settled already")
+                self._result = result
+                self._exception = exception
+                self._state = FINISHED
+                callbacks, self._callbacks = self._callbacks, None
+        if watched:
+            if exception is None:
+                super().set_result(cast(T, result))
+            else:
+                super().set_exception(exception)
+            return
         if callbacks is None:
-            return True
+            return
         for fn in callbacks if isinstance(callbacks, list) else (callbacks,):
             try:
                 fn(self)
             except Exception:
                 LOGGER.exception("exception calling callback for %r", self)
-        return True
 
 
 _DONE = frozenset({CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED})

@@ -211,10 +211,9 @@ class _EventFuture(LazyFuture[str]):
         outstanding.settled_total = next(outstanding.settled)
         try:
             if isinstance(outcome, str):
-                if not self._settle_unwatched(outcome, None):
-                    Future.set_result(self, outcome)
-            elif not self._settle_unwatched(None, outcome):
-                Future.set_exception(self, outcome)
+                self._finish(outcome, None)
+            else:
+                self._finish(None, outcome)
         except InvalidStateError:  # cancelled by its caller
             pass
 
