@@ -673,3 +673,17 @@ def test_records_carry_the_envelope_identity() -> None:
     record = Record("t", 0, 5, b"k", b"v", [("event_id", b"a"), ("x", b"1")], 7, "a")
     assert record.header("x") == b"1"
     assert record.header("missing") is None
+
+
+def test_settling_the_last_held_event_is_published_at_once() -> None:
+    consumer = Consumer("g", ["t"], "tests.consumer.handlers:slow_from_env")
+    consumer._held = 3
+    consumer._publish_status(force=True)
+    consumer._next_snapshot = float("inf")  # the snapshot period never ends in this test
+    consumer._counters.processed = 2
+    consumer._publish_status()
+    assert consumer.status().counters.processed == 0, "mid-period, still held: not published"
+    consumer._held = 0
+    consumer._counters.processed = 3
+    consumer._publish_status()
+    assert (consumer.status().buffered, consumer.status().counters.processed) == (0, 3)
