@@ -4,14 +4,25 @@ reports the poll thread accounts by, and offset ranges finished as one."""
 from __future__ import annotations
 
 import asyncio
+import math
 import queue
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eventspool._core.native import split_keyed
 from eventspool.consumer.offsets import PartitionOffsets
-from eventspool.consumer.pool import Drop, Parts, Progress, _AsyncWorker, _PlainWorker
+from eventspool.consumer.pool import (
+    Drop,
+    Parts,
+    PartWire,
+    Progress,
+    _AsyncWorker,
+    _PartRun,
+    _PlainWorker,
+)
 from eventspool.consumer.record import RawRecord, Record
 from eventspool.consumer.scheduler import Ordering
 from eventspool.consumer.settings import RetryPolicy
@@ -35,6 +46,47 @@ def _raw(offset: int, key: bytes) -> RawRecord:
     return (offset, key, b"%d" % offset, None, (0, 0))
 
 
+class _Message:
+    """What split_keyed reads of a confluent_kafka Message."""
+
+    def __init__(self, partition: int, raw: RawRecord) -> None:
+        self._partition = partition
+        self._raw = raw
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._raw[0]
+
+    def key(self) -> bytes | None:
+        return self._raw[1]
+
+    def value(self) -> bytes | None:
+        return self._raw[2]
+
+    def headers(self) -> None:
+        return None
+
+    def timestamp(self) -> tuple[int, int]:
+        return self._raw[4]
+
+
+def _part(part_id: int, partition: int, raws: list[RawRecord], packed: bool) -> PartWire:
+    """A part as the poll thread hands it over: packed by the compiled core (first
+    attempts), or as a list (how a dead worker's events are resent)."""
+    if not packed or not raws:
+        return (part_id, "t", partition, raws, None)
+    messages = [_Message(partition, raw) for raw in raws]
+    (run,) = split_keyed(messages, 1, len(raws), {("t", partition): None}, None)
+    ((blob, count),) = run[5]
+    assert count == len(raws)
+    return (part_id, "t", partition, blob, None)
+
+
 def _worker(handler: Any, max_attempts: int, backoff_s: float = 0.0) -> tuple[_PlainWorker, _Pipe]:
     pipe = _Pipe()
     retry = RetryPolicy(max_attempts, backoff_s, backoff_s)
@@ -42,12 +94,20 @@ def _worker(handler: Any, max_attempts: int, backoff_s: float = 0.0) -> tuple[_P
     return worker, pipe
 
 
+def _run_next(worker: _PlainWorker) -> None:
+    """Run the worker's next job, or its next part's run up to an arrival or a failure."""
+    work = worker._next()
+    assert work is not None
+    if isinstance(work, _PartRun):
+        worker._run_part(work, math.inf)
+    else:
+        worker._run(work)
+
+
 def _drain(worker: _PlainWorker) -> None:
     """Run what the worker holds, waiting for retries to be due, then report."""
     while worker._ready or worker._timers:
-        job = worker._next()
-        assert job is not None
-        worker._run(job)
+        _run_next(worker)
     worker._flush()
 
 
@@ -99,9 +159,12 @@ def _check_reports(
     assert sum(report.settled for report in reports) == len(keys)
 
 
-def _parts(keys: list[bytes], split: int) -> list[Parts]:
+def _parts(keys: list[bytes], split: int, packed: bool = False) -> list[Parts]:
     items = [_raw(offset, key) for offset, key in enumerate(keys)]
-    return [Parts([(0, "t", 0, items[:split], None)]), Parts([(1, "t", 0, items[split:], None)])]
+    return [
+        Parts([_part(0, 0, items[:split], packed)]),
+        Parts([_part(1, 0, items[split:], packed)]),
+    ]
 
 
 @settings(max_examples=60, deadline=None)
@@ -110,9 +173,17 @@ def _parts(keys: list[bytes], split: int) -> list[Parts]:
     failing=_FAILING,
     max_attempts=st.integers(min_value=1, max_value=3),
     split=st.integers(min_value=0, max_value=40),
+    packed=st.booleans(),
+    backoff_s=st.sampled_from([0.0, 0.001]),
 )
 def test_a_worker_runs_each_keys_events_in_order_and_settles_each_once(
-    keys: list[bytes], failing: set[int], max_attempts: int, split: int
+    *,
+    keys: list[bytes],
+    failing: set[int],
+    max_attempts: int,
+    split: int,
+    packed: bool,
+    backoff_s: float,
 ) -> None:
     calls: list[Record] = []
 
@@ -121,9 +192,9 @@ def test_a_worker_runs_each_keys_events_in_order_and_settles_each_once(
         if record.offset in failing:
             raise ValueError("fails")
 
-    worker, pipe = _worker(handler, max_attempts)
+    worker, pipe = _worker(handler, max_attempts, backoff_s)
     split = min(split, len(keys))
-    for transfer in _parts(keys, split):
+    for transfer in _parts(keys, split, packed):
         worker._take(transfer)
     _drain(worker)
     _check(calls, keys, failing, max_attempts)
@@ -177,7 +248,8 @@ def test_an_async_worker_runs_each_keys_events_in_order_and_settles_each_once(
     _check_reports(_reports(pipe), keys, failing, max_attempts, split)
 
 
-def test_a_drop_forgets_held_and_queued_events_of_revoked_partitions_only() -> None:
+@pytest.mark.parametrize("packed", [False, True], ids=["list", "packed"])
+def test_a_drop_forgets_held_and_queued_events_of_revoked_partitions_only(packed: bool) -> None:
     calls: list[tuple[int, int]] = []
 
     def handler(record: Record) -> None:
@@ -186,16 +258,53 @@ def test_a_drop_forgets_held_and_queued_events_of_revoked_partitions_only() -> N
             raise ValueError("fails once")
 
     worker, pipe = _worker(handler, max_attempts=3)
-    worker._take(Parts([(0, "t", 0, [_raw(0, b"k"), _raw(1, b"k")], None)]))
-    worker._take(Parts([(1, "t", 1, [_raw(0, b"k")], None)]))
-    worker._run(worker._ready.popleft())  # fails: key k of partition 0 waits for its retry
+    worker._take(Parts([_part(0, 0, [_raw(0, b"k"), _raw(1, b"k")], packed)]))
+    worker._take(Parts([_part(1, 1, [_raw(0, b"k")], packed)]))
+    _run_next(worker)  # fails: key k of partition 0 waits for its retry
     worker._take(Drop({("t", 0): 0}))
-    worker._take(Parts([(2, "t", 0, [_raw(2, b"k")], None)]))  # reassigned: a new part
+    worker._take(Parts([_part(2, 0, [_raw(2, b"k")], packed)]))  # reassigned: a new part
     _drain(worker)
     assert calls == [(0, 0), (1, 0), (0, 2)]
     (report,) = _reports(pipe)
     assert sorted(report.dropped) == [(0, [0, 1])]
     assert sorted(report.finished) == [(1, None), (2, None)]
+
+
+def test_a_key_waiting_for_its_retry_holds_its_later_events_in_a_packed_part() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def handler(record: Record) -> None:
+        calls.append((record.offset, record.attempt))
+        if (record.offset, record.attempt) == (0, 1):
+            raise ValueError("fails once")
+
+    worker, pipe = _worker(handler, max_attempts=2, backoff_s=0.05)
+    keys = [b"a", b"a", b"b", b"b"]
+    worker._take(Parts([_part(0, 0, [_raw(o, k) for o, k in enumerate(keys)], True)]))
+    _drain(worker)
+    assert calls == [(0, 1), (2, 1), (3, 1), (0, 2), (1, 1)]
+    assert sum(report.settled for report in _reports(pipe)) == 4
+
+
+def test_a_drop_arriving_mid_part_forgets_the_rest_of_it() -> None:
+    calls: list[int] = []
+    worker, pipe = _worker(lambda r: calls.append(r.offset), max_attempts=1)
+    worker._take(Parts([_part(0, 0, [_raw(offset, b"k%d" % offset) for offset in range(5)], True)]))
+
+    def handler(record: Record) -> None:
+        calls.append(record.offset)
+        if record.offset == 1:  # the poll thread revokes partition 0 meanwhile
+            worker._inbox.put(Drop({("t", 0): 0}))
+
+    worker._handler = handler
+    _run_next(worker)  # stops after offset 1: a message arrived
+    worker._take(worker._inbox.get())
+    _drain(worker)
+    assert calls == [0, 1]
+    (report,) = _reports(pipe)
+    assert report.dropped == [(0, [2, 3, 4])]
+    assert report.finished == [(0, None)]  # the rest of the part: 0 and 1
+    assert report.settled == 5
 
 
 def test_a_resent_event_waits_its_backoff_and_holds_its_key() -> None:
