@@ -1,5 +1,5 @@
-"""The consumer's compiled hand-over, `split_keyed`, `decode_records` and `decode_part`,
-against a model.
+"""The consumer's compiled hand-over, `split_keyed`, `decode_records`, `decode_part` and
+`PartRecords`, against a model.
 
 A poll's messages must come out as the model says: keyless ones in place, keyed ones in
 runs of one partition (at most `cap` each, refetched and unassigned ones skipped, stale
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventspool._core.native import decode_part, decode_records, split_keyed
+from eventspool._core.native import PartRecords, decode_part, decode_records, split_keyed
 from eventspool.consumer.record import HeaderPairs, RawRecord, record_from_raw, wire_from_raw
 
 TOPICS = ("orders", "clicks")
@@ -186,6 +186,7 @@ def test_split_keyed_matches_the_model(
                 assert decode_part(blob, topic, partition) == [
                     record_from_raw(topic, partition, raw, 1) for raw in records
                 ]
+                assert PartRecords(blob, topic, partition).count == len(records)
 
 
 def test_each_key_has_one_worker_and_keys_spread_over_all() -> None:
@@ -235,6 +236,8 @@ def test_a_damaged_blob_decodes_to_a_prefix_or_is_a_value_error(cut: int, junk: 
         assert decode_records(blob + junk)[:3] == records
     with contextlib.suppress(ValueError):
         assert len(decode_part(truncated, "t", 0)) == len(decode_records(truncated))
+    with contextlib.suppress(ValueError):
+        assert PartRecords(truncated, "t", 0).count == len(decode_records(truncated))
 
 
 def test_a_blob_cut_inside_a_record_is_a_value_error() -> None:
@@ -246,3 +249,5 @@ def test_a_blob_cut_inside_a_record_is_a_value_error() -> None:
         decode_records(blobs[0][0][:-1])
     with pytest.raises(ValueError, match="overruns"):
         decode_part(blobs[0][0][:-1], "t", 0)
+    with pytest.raises(ValueError, match="overruns"):  # before any record is made
+        PartRecords(blobs[0][0][:-1], "t", 0)
