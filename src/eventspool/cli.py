@@ -35,6 +35,9 @@ _socket_option = click.option(
     help="The agent's socket (env: EVENTSPOOL_AGENT_SOCKET).",
 )
 
+# `consume` shows the library's own defaults, so the command and the API cannot drift apart.
+_CONSUMER_DEFAULTS = ConsumerSettings()
+
 
 @click.group()
 @click.version_option(package_name="eventspool")
@@ -266,14 +269,38 @@ main.add_command(broker)
     show_default=True,
     help="key: one event per key at a time; partition: one batch per partition; unordered.",
 )
-@click.option("--max-buffered", type=click.IntRange(min=1), default=1000, show_default=True)
-@click.option("--commit-every-n", type=click.IntRange(min=1), default=1000, show_default=True)
-@click.option("--commit-every-s", type=float, default=5.0, show_default=True)
+@click.option(
+    "--max-buffered",
+    type=click.IntRange(min=1),
+    default=_CONSUMER_DEFAULTS.max_buffered,
+    show_default=True,
+)
+@click.option(
+    "--commit-every-n",
+    type=click.IntRange(min=1),
+    default=_CONSUMER_DEFAULTS.commit_every_n,
+    show_default=True,
+)
+@click.option(
+    "--commit-every-s", type=float, default=_CONSUMER_DEFAULTS.commit_every_s, show_default=True
+)
 @click.option("--max-age", type=float, default=None, help="Skip events older than this (s).")
 @click.option("--stale-topic", default=None, help="Forward skipped events here ({topic}).")
-@click.option("--dead-letter-topic", default="{topic}.dlq", show_default=True)
-@click.option("--max-attempts", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--shutdown-timeout", type=float, default=30.0, show_default=True)
+@click.option(
+    "--dead-letter-topic", default=_CONSUMER_DEFAULTS.dead_letter_topic, show_default=True
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    default=_CONSUMER_DEFAULTS.max_attempts,
+    show_default=True,
+)
+@click.option(
+    "--shutdown-timeout",
+    type=float,
+    default=_CONSUMER_DEFAULTS.shutdown_timeout_s,
+    show_default=True,
+)
 @click.option(
     "--kafka",
     "kafka_options",
