@@ -58,8 +58,13 @@ Failure = tuple[str, str, str]
 SKIPPED: Failure = ("", "", "")
 _MAX_TRACEBACK = 4000
 _STOP_JOIN_TIMEOUT = 5.0
-# An async worker reports what finished within this long in one message, not one per event.
+# A worker reports what finished within this long in one message, not one per event.
 _REPORT_EVERY_S = 0.002
+# A plain worker with slow events waits longer, up to this, for a report to carry about
+# _REPORT_EVENTS of them: a report costs the poll process tens of microseconds, which
+# handlers that need the whole machine should not pay per event.
+_REPORT_EVENTS = 100
+_REPORT_MAX_WAIT_S = 0.02
 
 
 class HandlerError(EventspoolError):
@@ -408,8 +413,8 @@ class _PlainWorker(_WorkerLoop):
                 self._run(work)
             now = time.monotonic()
             if now >= report_due:
+                report_due = now + self._report_interval()
                 self._flush()
-                report_due = now + _REPORT_EVERY_S
 
     def _next(self) -> _Job | _PartRun | None:
         """The next work to run (None: stop), taking in transfers and waiting as needed.
@@ -546,6 +551,14 @@ class _PlainWorker(_WorkerLoop):
         report = self._report()
         if report is not None:
             self._send(report)
+
+    def _report_interval(self) -> float:
+        """How long until the next report: about _REPORT_EVENTS events at the pace of the
+        events since the last one, within bounds. An idle worker reports at once anyway."""
+        if not self._handled:
+            return _REPORT_EVERY_S
+        pace = self._busy_s / self._handled
+        return min(max(pace * _REPORT_EVENTS, _REPORT_EVERY_S), _REPORT_MAX_WAIT_S)
 
 
 class _AsyncWorker(_WorkerLoop):
