@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from eventspool.broker import LocalBroker
 from eventspool.clock import SYSTEM_CLOCK, Clock, ManualClock
 from eventspool.consumer import Consumer, ConsumerSettings, HandlerError, Record
 from eventspool.consumer.metrics import ConsumerCollector
-from eventspool.consumer.runner import DEAD_LETTER_HEADERS
+from eventspool.consumer.runner import DEAD_LETTER_HEADERS, _collector_paused
 from tests.consumer.conftest import (
     GROUP_KAFKA,
     committed,
@@ -687,3 +688,17 @@ def test_settling_the_last_held_event_is_published_at_once() -> None:
     consumer._counters.processed = 3
     consumer._publish_status()
     assert (consumer.status().buffered, consumer.status().counters.processed) == (0, 3)
+
+
+def test_the_collector_is_paused_for_a_poll_and_left_as_it_was() -> None:
+    assert gc.isenabled()
+    with _collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled(), "a collector the application turned off stays off"
+    finally:
+        gc.enable()

@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import itertools
 import logging
 import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -445,7 +446,8 @@ class Consumer:
                 # poll takes a batch, not a trickle that costs a step and a transfer.
                 self._handle_pool_events(self._pool_events(_BUSY_POLL_S))
             budget = max(1, min(_MAX_CONSUME, limit - self._held))
-            self._take_in(self._kafka.consume(budget, _BUSY_POLL_S if busy else _IDLE_POLL_S))
+            with _collector_paused():
+                self._take_in(self._kafka.consume(budget, _BUSY_POLL_S if busy else _IDLE_POLL_S))
             self._dispatch()
         self._service_forwards()
         if self._policy.due():
@@ -1173,6 +1175,26 @@ class Consumer:
                     self._shared.ends = {**self._shared.ends, **ends}
             self._lag_wakeup.wait(self._settings.lag_interval_s)
             self._lag_wakeup.clear()
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic collection while a poll's messages are alive.
+
+    A poll makes about three collector-tracked objects per message (the message, its
+    header list and tuple), all dropped by reference counting once they are handed
+    over. Collections triggered meanwhile found them alive and promoted them until full
+    collections swept the whole process: 8% of the poll thread's time on a no-op
+    workload. Deferred, the next collection finds them gone.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _names(partitions: Iterable[TopicPartition]) -> str:
