@@ -251,7 +251,7 @@ main.add_command(broker)
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),
-    default=100,
+    default=_CONSUMER_DEFAULTS.concurrency,
     show_default=True,
     help="Calls at once per worker of an async def handler (a plain function: 1).",
 )
@@ -265,7 +265,7 @@ main.add_command(broker)
 @click.option(
     "--ordering",
     type=click.Choice([o.value for o in Ordering]),
-    default=Ordering.KEY.value,
+    default=_CONSUMER_DEFAULTS.ordering.value,
     show_default=True,
     help="key: one event per key at a time; partition: one batch per partition; unordered.",
 )

@@ -236,8 +236,21 @@ def test_a_damaged_blob_decodes_to_a_prefix_or_is_a_value_error(cut: int, junk: 
         assert decode_records(blob + junk)[:3] == records
     with contextlib.suppress(ValueError):
         assert len(decode_part(truncated, "t", 0)) == len(decode_records(truncated))
-    with contextlib.suppress(ValueError):
-        assert PartRecords(truncated, "t", 0).count == len(decode_records(truncated))
+    for damaged in (truncated, blob + junk):
+        _assert_counts_as_it_reads(damaged)
+
+
+def _assert_counts_as_it_reads(blob: bytes) -> None:
+    """PartRecords refuses a blob exactly when reading it whole fails, and otherwise
+    counts and makes as many records as there are."""
+    try:
+        records = decode_records(blob)
+    except ValueError:
+        with pytest.raises(ValueError):
+            PartRecords(blob, "t", 0)
+        return
+    part = PartRecords(blob, "t", 0)
+    assert part.count == len(records) == len(list(part))
 
 
 def test_a_blob_cut_inside_a_record_is_a_value_error() -> None:
@@ -251,3 +264,12 @@ def test_a_blob_cut_inside_a_record_is_a_value_error() -> None:
         decode_part(blobs[0][0][:-1], "t", 0)
     with pytest.raises(ValueError, match="overruns"):  # before any record is made
         PartRecords(blobs[0][0][:-1], "t", 0)
+
+
+def test_a_header_name_that_is_not_utf8_is_refused_before_any_record_is_made() -> None:
+    message = FakeMessage("t", 0, 0, b"k", b"v", [("näme", b"1")], (0, 0))
+    ((*_, blobs, _stale),) = split_keyed([message], 1, 10, {("t", 0): None}, None)
+    assert blobs[0] is not None
+    damaged = blobs[0][0].replace("ä".encode(), b"\xff\xff")
+    with pytest.raises(UnicodeDecodeError):
+        PartRecords(damaged, "t", 0)

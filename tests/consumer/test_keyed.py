@@ -9,7 +9,7 @@ import queue
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from eventspool._core.native import split_keyed
@@ -176,6 +176,8 @@ def _parts(keys: list[bytes], split: int, packed: bool = False) -> list[Parts]:
     packed=st.booleans(),
     backoff_s=st.sampled_from([0.0, 0.001]),
 )
+# A part that failed part-way goes on before the next part (its key b runs in both).
+@example(keys=[b"a", b"b", b"b"], failing={0}, max_attempts=1, split=2, packed=True, backoff_s=0.0)
 def test_a_worker_runs_each_keys_events_in_order_and_settles_each_once(
     *,
     keys: list[bytes],
@@ -284,6 +286,30 @@ def test_a_key_waiting_for_its_retry_holds_its_later_events_in_a_packed_part() -
     _drain(worker)
     assert calls == [(0, 1), (2, 1), (3, 1), (0, 2), (1, 1)]
     assert sum(report.settled for report in _reports(pipe)) == 4
+
+
+def test_a_part_run_stops_when_a_report_is_due_and_goes_on_first() -> None:
+    calls: list[int] = []
+
+    def handler(record: Record) -> None:
+        calls.append(record.offset)
+        if record.offset == 1:
+            raise ValueError("gives up at once")
+
+    worker, pipe = _worker(handler, max_attempts=1)
+    worker._take(Parts([_part(0, 0, [_raw(offset, b"k") for offset in range(4)], True)]))
+    worker._take(Parts([_part(1, 0, [_raw(4, b"k")], True)]))
+    run = worker._next()
+    assert isinstance(run, _PartRun)
+    worker._run_part(run, 0.0)  # the report is already due: one event, then back
+    assert (calls, run.next, worker._ready[0]) == ([0], 1, run)
+    worker._run_part(worker._next(), math.inf)  # type: ignore[arg-type]
+    assert (calls, run.next, worker._ready[0]) == ([0, 1], 2, run), "after a failure"
+    _drain(worker)
+    assert calls == [0, 1, 2, 3, 4]
+    (report,) = _reports(pipe)
+    assert (report.handled, report.settled) == (5, 5)
+    assert [(f[0], f[1], f[4]) for f in report.failures] == [(0, 1, True)]
 
 
 def test_a_drop_arriving_mid_part_forgets_the_rest_of_it() -> None:

@@ -128,6 +128,7 @@ cdef class PartRecords:
     cdef str topic
     cdef long long partition
     cdef readonly Py_ssize_t count
+    cdef Py_ssize_t made
 
     def __cinit__(self, bytes blob not None, str topic not None, long long partition):
         self.blob = blob
@@ -139,16 +140,21 @@ cdef class PartRecords:
     def __iter__(self):
         return self
 
+    def __length_hint__(self):
+        return self.count - self.made
+
     def __next__(self):
         if self.reader.pos >= self.reader.size:
             raise StopIteration
         offset, key, value, headers, (timestamp_type, stamp) = _read_record(self.reader)
+        self.made += 1
         return _record(self.topic, self.partition, offset, key, value, headers,
                        _create_time_ms(headers, timestamp_type, stamp), _event_id(headers), 1)
 
 
 cdef Py_ssize_t _count_records(_Reader reader) except -1:
-    """The records in a blob, walking its lengths as _read_record reads them."""
+    """The records in a blob, walking it as _read_record reads it: whatever would fail
+    there (a length that overruns, a header name that is not UTF-8) fails here."""
     cdef Py_ssize_t count = 0
     cdef uint16_t headers, name_length, i
     while reader.pos < reader.size:
@@ -167,6 +173,7 @@ cdef Py_ssize_t _count_records(_Reader reader) except -1:
                 name_length = es_get_u16(reader.data + reader.pos)
                 reader.pos += 2
                 reader.need(name_length)
+                PyUnicode_DecodeUTF8(reader.data + reader.pos, name_length, NULL)
                 reader.pos += name_length
                 _skip_field(reader)
         count += 1

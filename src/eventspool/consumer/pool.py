@@ -259,6 +259,8 @@ class _PartRun:
         self.end = records.count
 
     def jobs(self) -> list[_Job]:
+        """The events still to run, one job each; this uses `records` up, so the run
+        is done with once they are taken."""
         return _part_jobs(self.ident, self.topic, self.partition, self.records, self.next)
 
 
@@ -419,7 +421,8 @@ class _PlainWorker(_WorkerLoop):
     def _next(self) -> _Job | _PartRun | None:
         """The next work to run (None: stop), taking in transfers and waiting as needed.
         A part's run goes by jobs while any key waits for a retry, so that key's later
-        events wait behind it."""
+        events wait behind it: correct, and slower per event, for as long as the retry's
+        backoff lasts."""
         while True:
             while not self._inbox.empty():
                 if not self._take(self._inbox.get()):
@@ -525,6 +528,9 @@ class _PlainWorker(_WorkerLoop):
             index += 1
             if not nothing_arrived() or clock() >= report_due:
                 break
+        else:
+            if index < end:  # never put back a run that cannot go on: that would spin
+                raise RuntimeError(f"part {run.ident}: {end - index} of its records are missing")
         self._busy_s += time.perf_counter() - started
         self._handled += index - start
         if index > start:

@@ -1127,7 +1127,7 @@ class Consumer:
         # The moment the last held event settles is published at once, not up to a
         # snapshot period later: whoever waits for the consumer to catch up (a drain, a
         # test, a benchmark's clock) sees it when it happens.
-        drained = not self._held and published is not None and published.buffered
+        drained = not self._held and published is not None and published.buffered > 0
         if not force and not drained and now < self._next_snapshot:
             return
         self._next_snapshot = now + _SNAPSHOT_EVERY_S
