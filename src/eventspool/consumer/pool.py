@@ -6,8 +6,9 @@ its key and hands a worker all of a poll's events for it in one transfer. The wo
 runs them in arrival order, which is each key's offset order, and keeps that order
 itself across retries: a failed event waits for its backoff in the worker and holds
 back its key's later events meanwhile; one out of attempts is reported for the poll
-thread to dead-letter. Outcomes go back in one report every couple of milliseconds,
-a whole part as one entry once it is done. A revoked partition's events still queued
+thread to dead-letter. Outcomes go back in one report every couple of milliseconds
+(for slow events, about every hundred events, at most 20 ms apart), a whole part as one
+entry once it is done. A revoked partition's events still queued
 are dropped on request. When a worker dies, every event of its parts it had not
 reported is retried.
 
