@@ -8,9 +8,8 @@ itself across retries: a failed event waits for its backoff in the worker and ho
 back its key's later events meanwhile; one out of attempts is reported for the poll
 thread to dead-letter. Outcomes go back in one report every couple of milliseconds
 (for slow events, about every hundred events, at most 20 ms apart), a whole part as one
-entry once it is done. A revoked partition's events still queued
-are dropped on request. When a worker dies, every event of its parts it had not
-reported is retried.
+entry once it is done. A revoked partition's events still queued are dropped on
+request. When a worker dies, every event of its parts it had not reported is retried.
 
 Tasks (everything else): a plain function's worker runs one task at a time, in order.
 Before each event it writes the event's index into shared memory, so when a worker dies
