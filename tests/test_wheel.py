@@ -99,7 +99,9 @@ def _copy_sources(destination: Path) -> None:
     )
 
 
-@pytest.fixture(scope="module")
+# Session scope: a worker may run other modules' tests between these, and a module-scoped
+# fixture would then be built (half a minute) once more.
+@pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     root = tmp_path_factory.mktemp("build")
     _copy_sources(root / "source")
@@ -114,7 +116,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return Built(sdist, wheel, done.stdout + done.stderr)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def installed(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Installed:
     root = tmp_path_factory.mktemp("installed")
     assert not root.is_relative_to(REPO_ROOT)
