@@ -8,8 +8,10 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -37,6 +39,14 @@ _socket_option = click.option(
 
 # `consume` shows the library's own defaults, so the command and the API cannot drift apart.
 _CONSUMER_DEFAULTS = ConsumerSettings()
+
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def _setting_option(name: str, default: object, kind: Any) -> Callable[[_Command], _Command]:
+    """An option of `consume` for one setting, its default shown."""
+    return click.option(name, type=kind, default=default, show_default=True)
 
 
 @click.group()
@@ -269,38 +279,14 @@ main.add_command(broker)
     show_default=True,
     help="key: one event per key at a time; partition: one batch per partition; unordered.",
 )
-@click.option(
-    "--max-buffered",
-    type=click.IntRange(min=1),
-    default=_CONSUMER_DEFAULTS.max_buffered,
-    show_default=True,
-)
-@click.option(
-    "--commit-every-n",
-    type=click.IntRange(min=1),
-    default=_CONSUMER_DEFAULTS.commit_every_n,
-    show_default=True,
-)
-@click.option(
-    "--commit-every-s", type=float, default=_CONSUMER_DEFAULTS.commit_every_s, show_default=True
-)
+@_setting_option("--max-buffered", _CONSUMER_DEFAULTS.max_buffered, click.IntRange(min=1))
+@_setting_option("--commit-every-n", _CONSUMER_DEFAULTS.commit_every_n, click.IntRange(min=1))
+@_setting_option("--commit-every-s", _CONSUMER_DEFAULTS.commit_every_s, float)
 @click.option("--max-age", type=float, default=None, help="Skip events older than this (s).")
 @click.option("--stale-topic", default=None, help="Forward skipped events here ({topic}).")
-@click.option(
-    "--dead-letter-topic", default=_CONSUMER_DEFAULTS.dead_letter_topic, show_default=True
-)
-@click.option(
-    "--max-attempts",
-    type=click.IntRange(min=1),
-    default=_CONSUMER_DEFAULTS.max_attempts,
-    show_default=True,
-)
-@click.option(
-    "--shutdown-timeout",
-    type=float,
-    default=_CONSUMER_DEFAULTS.shutdown_timeout_s,
-    show_default=True,
-)
+@_setting_option("--dead-letter-topic", _CONSUMER_DEFAULTS.dead_letter_topic, str)
+@_setting_option("--max-attempts", _CONSUMER_DEFAULTS.max_attempts, click.IntRange(min=1))
+@_setting_option("--shutdown-timeout", _CONSUMER_DEFAULTS.shutdown_timeout_s, float)
 @click.option(
     "--kafka",
     "kafka_options",
