@@ -301,10 +301,14 @@ class _WorkerLoop:
         self._bounds.update(drop.bounds)
 
     def _is_dropped(self, job: _Job) -> bool:
+        return self._part_dropped(job.record.topic, job.record.partition, job.ident)
+
+    def _part_dropped(self, topic: str, partition: int, part_id: int) -> bool:
+        """Part `part_id` is of a revoked partition, handed over before the revoke."""
         if not self._bounds:
             return False
-        bound = self._bounds.get((job.record.topic, job.record.partition))
-        return bound is not None and job.ident <= bound
+        bound = self._bounds.get((topic, partition))
+        return bound is not None and part_id <= bound
 
     def _settle(self, job: _Job, failure: Failure | None) -> float | None:
         """Report a keyed job's outcome; the delay before its retry if it gets one (its
@@ -506,12 +510,10 @@ class _PlainWorker(_WorkerLoop):
         """Run a part's events in order until it is done, one fails, a message arrives
         (a transfer, or a drop that may concern this part) or a report is due; what is
         left goes back to the front."""
-        if self._bounds:
-            bound = self._bounds.get((run.topic, run.partition))
-            if bound is not None and run.ident <= bound:
-                self._dropped.setdefault(run.ident, []).extend(range(run.next, run.end))
-                self._settled_many(run.ident, run.end - run.next)
-                return
+        if self._part_dropped(run.topic, run.partition, run.ident):
+            self._dropped.setdefault(run.ident, []).extend(range(run.next, run.end))
+            self._settled_many(run.ident, run.end - run.next)
+            return
         handler = self._handler
         nothing_arrived = self._inbox.empty
         clock = time.monotonic
