@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from confluent_kafka import Message
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -187,6 +188,47 @@ def test_split_keyed_matches_the_model(
                     record_from_raw(topic, partition, raw, 1) for raw in records
                 ]
                 assert PartRecords(blob, topic, partition).count == len(records)
+
+
+def _kafka_message(message: FakeMessage) -> Message:
+    headers: list[tuple[str, str | bytes | None]] | None = (
+        None if message.header_pairs is None else list(message.header_pairs)
+    )
+    return Message(
+        topic=message.topic_name,
+        partition=message.partition_id,
+        offset=message.offset_value,
+        key=message.key_bytes,
+        value=message.value_bytes,
+        headers=headers,
+        timestamp=message.stamp,
+    )
+
+
+@given(
+    messages=polls(),
+    real=st.lists(st.booleans(), min_size=40, max_size=40),
+    oldest_ms=st.one_of(st.none(), st.integers(0, 100)),
+)
+def test_split_keyed_reads_kafka_messages_as_it_reads_the_stand_in(
+    messages: list[FakeMessage], real: list[bool], oldest_ms: int | None
+) -> None:
+    """confluent_kafka's own Message goes the compiled getters' way, the stand-in by
+    name; a poll that mixes them switches between the two."""
+    poll: list[Any] = [
+        _kafka_message(message) if kafka else message
+        for message, kafka in zip(messages, real, strict=False)
+    ]
+    known: dict[tuple[str, int], int | None] = {(t, p): None for t in TOPICS for p in range(3)}
+    got = split_keyed(poll, 2, 4, dict(known), oldest_ms)
+    expected = split_keyed(list(messages), 2, 4, dict(known), oldest_ms)
+    keyless = iter([item for item in poll if item.key() is None])
+    assert len(got) == len(expected)
+    for item, want in zip(got, expected, strict=True):
+        if isinstance(want, FakeMessage):
+            assert item is next(keyless)
+        else:
+            assert item == want
 
 
 def test_each_key_has_one_worker_and_keys_spread_over_all() -> None:
