@@ -14,6 +14,7 @@ CORE = Extension(
         "src/eventspool/_core/bytes_util.h",
         "src/eventspool/_core/delivery.pxi",
         "src/eventspool/_core/envelope.pxi",
+        "src/eventspool/_core/handoff.pxi",
         "src/eventspool/_core/ids.pxi",
         "src/eventspool/_core/intake.pxi",
         "src/eventspool/_core/record.pxi",

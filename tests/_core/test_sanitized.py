@@ -38,6 +38,7 @@ CORE_TESTS = (
     "tests/spool/test_ring_concurrency.py",
     "tests/spool/test_recovery_fuzz.py",
     "tests/_core/test_intake.py",
+    "tests/_core/test_handoff.py",
     "tests/_core/test_transfer.py",
     "tests/_core/test_record.py",
     "tests/_core/test_wire.py",

@@ -244,7 +244,7 @@ def test_an_async_worker_runs_each_keys_events_in_order_and_settles_each_once(
     split = min(split, len(keys))
     pipe = _AsyncPipe(_parts(keys, split), len(keys))
     retry = RetryPolicy(max_attempts, 0.0, 0.0)
-    worker = _AsyncWorker(pipe, handler, Ordering.KEY, concurrency, retry)  # type: ignore[arg-type]
+    worker = _AsyncWorker(pipe, handler, Ordering.KEY, concurrency, retry)
     asyncio.run(asyncio.wait_for(worker.serve(), 10))
     _check(calls, keys, failing, max_attempts)
     _check_reports(_reports(pipe), keys, failing, max_attempts, split)

@@ -169,4 +169,12 @@ static inline void es_publish_u32(char *p, uint32_t v) {
     __atomic_store_n((uint32_t *)p, v, __ATOMIC_RELEASE);
 }
 
+/* A position shared between processes: what was read before the store is done with. */
+static inline void es_store_release_u64(uint64_t *p, uint64_t v) {
+    __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+static inline uint64_t es_load_acquire_u64(const uint64_t *p) {
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
 #endif

@@ -8,8 +8,9 @@ retries, routing decisions and metrics. What is here frames records into the rin
 hashes keys and picks partitions (route.pxi), and feeds drained batches to librdkafka
 and accounts their delivery reports (delivery.pxi); it also writes the agent's SEND frames
 straight into the rings (intake.pxi), encodes a client's events for those frames
-(wire.pxi), packs the consumer's key-ordered records for its workers (transfer.pxi)
-and builds the Records its handlers get (record.pxi). The
+(wire.pxi), packs the consumer's key-ordered records for its workers (transfer.pxi),
+hands them over in shared memory (handoff.pxi) and builds the Records its handlers get
+(record.pxi). The
 formats are written out at the top of eventspool/spool/ring.py and
 eventspool/envelope.py; the golden-bytes tests check this code against them, not against
 itself.
@@ -57,6 +58,8 @@ cdef extern from "bytes_util.h":
     uint32_t es_get_u32(const char *p) nogil
     uint64_t es_get_u64(const char *p) nogil
     void es_publish_u32(char *p, uint32_t v) nogil
+    void es_store_release_u64(uint64_t *p, uint64_t v) nogil
+    uint64_t es_load_acquire_u64(const uint64_t *p) nogil
     void es_put_be16(char *p, uint16_t v) nogil
     void es_put_be32(char *p, uint32_t v) nogil
     uint16_t es_get_be16(const char *p) nogil
@@ -148,3 +151,4 @@ include "intake.pxi"
 include "wire.pxi"
 include "transfer.pxi"
 include "record.pxi"
+include "handoff.pxi"

@@ -2,15 +2,16 @@
 poll thread (or the GIL it needs to keep the group membership alive).
 
 Parts (key-ordered events): the poll thread routes each keyed event to the worker of
-its key and hands a worker all of a poll's events for it in one transfer. The worker
-runs them in arrival order, which is each key's offset order, and keeps that order
-itself across retries: a failed event waits for its backoff in the worker and holds
-back its key's later events meanwhile; one out of attempts is reported for the poll
-thread to dead-letter. Outcomes go back in one report at most every 5 ms while the
-worker is busy (for slow events, about every hundred events, at most 20 ms apart), a
-whole part as one entry once it is done. A revoked partition's events still queued are
-dropped on request. When a worker dies, every event of its parts it had not reported is
-retried.
+its key and hands a worker all of a poll's events for it in one transfer: their packed
+records go into the worker's ring of shared memory, and only where they are into its
+pipe. The worker runs them in arrival order, which is each key's offset order, and
+keeps that order itself across retries: a failed event waits for its backoff in the
+worker and holds back its key's later events meanwhile; one out of attempts is
+reported for the poll thread to dead-letter. Outcomes go back in one report at most
+every 5 ms while the worker is busy (for slow events, about every hundred events, at
+most 20 ms apart), a whole part as one entry once it is done. A revoked partition's
+events still queued are dropped on request. When a worker dies, every event of its
+parts it had not reported is retried.
 
 Tasks (everything else): a plain function's worker runs one task at a time, in order.
 Before each event it writes the event's index into shared memory, so when a worker dies
@@ -43,9 +44,9 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from eventspool._core.native import PartRecords, decode_part
+from eventspool._core.native import Handoff, PartRecords, decode_part
 from eventspool.consumer.record import RawRecord, Record, WireRecord, record_from_raw
 from eventspool.consumer.scheduler import Ordering, TopicPartitionKey, scope_of
 from eventspool.consumer.settings import RetryPolicy
@@ -69,6 +70,9 @@ _REPORT_EVERY_S = 0.002
 _REPORT_MIN_WAIT_S = 0.005
 _REPORT_EVENTS = 100
 _REPORT_MAX_WAIT_S = 0.02
+# Each worker's hand-off ring: a few default windows of small events. A blob that does not
+# fit in the room left goes through the pipe instead.
+_HANDOFF_BYTES = 4 << 20
 
 
 class HandlerError(EventspoolError):
@@ -131,10 +135,19 @@ class WorkerDied:
     tasks: tuple[int, ...] = ()
 
 
+class InRing(NamedTuple):
+    """Where a part's blob waits in its worker's hand-off ring."""
+
+    start: int
+    size: int
+
+
 # A part: (part id, topic, partition, records, attempts or None for all first attempts).
 # Key-ordered events of one partition from one poll, all for one worker; the records come
 # packed by the compiled core (`split_keyed`), or as a list when resent after a death.
 PartWire = tuple[int, str, int, list[RawRecord] | bytes, list[int] | None]
+# A part in the pipe: its packed blob usually waits in the worker's hand-off ring.
+SentPart = tuple[int, str, int, list[RawRecord] | bytes | InRing, list[int] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +155,13 @@ class Parts:
     """Parts handed to a worker in one transfer."""
 
     parts: list[PartWire]
+
+
+@dataclass(frozen=True, slots=True)
+class SentParts:
+    """Parts as the pipe carries them; the worker's end makes them `Parts` again."""
+
+    parts: list[SentPart]
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +193,40 @@ class Progress:
 PoolEvent = TaskDone | EventsDone | WorkerDied | Progress
 
 
+class _Pipe(Protocol):
+    """What a worker's loop uses of its end of the pipe."""
+
+    def send(self, obj: Any) -> None: ...
+
+    def recv(self) -> Any: ...
+
+
+class _RingPipe:
+    """A worker's end of its pipe, which copies the blobs of the parts it receives out
+    of the hand-off ring; in the order they were put there, as the ring needs."""
+
+    def __init__(self, conn: Connection, handoff: Handoff) -> None:
+        self._conn = conn
+        self._handoff = handoff
+
+    def send(self, obj: Any) -> None:
+        self._conn.send(obj)
+
+    def recv(self) -> Any:
+        message = self._conn.recv()
+        if not isinstance(message, SentParts):
+            return message
+        take = self._handoff.take
+        return Parts(
+            [
+                (part_id, topic, partition, take(*packed), attempts)
+                if isinstance(packed, InRing)
+                else (part_id, topic, partition, packed, attempts)
+                for part_id, topic, partition, packed, attempts in message.parts
+            ]
+        )
+
+
 def _worker_main(
     conn: Connection,
     handler_ref: HandlerRef,
@@ -180,6 +234,7 @@ def _worker_main(
     progress: Any,
     concurrency: int,
     *,
+    ring: Any,
     retry: RetryPolicy,
 ) -> None:
     # The parent decides when in-flight work stops; a terminal's Ctrl-C or a service
@@ -187,10 +242,11 @@ def _worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     handler = resolve_handler(handler_ref)
+    pipe = _RingPipe(conn, Handoff(ring))
     if is_async(handler):
-        asyncio.run(_AsyncWorker(conn, handler, ordering, concurrency, retry).serve())
+        asyncio.run(_AsyncWorker(pipe, handler, ordering, concurrency, retry).serve())
     else:
-        _PlainWorker(conn, handler, ordering, progress, retry).serve()
+        _PlainWorker(pipe, handler, ordering, progress, retry).serve()
 
 
 def _run_batch(
@@ -273,7 +329,7 @@ class _WorkerLoop:
     of each are still to settle, what to report, which revoked partitions to drop, and
     when a failed event is retried."""
 
-    def __init__(self, conn: Connection, retry: RetryPolicy) -> None:
+    def __init__(self, conn: _Pipe, retry: RetryPolicy) -> None:
         self._conn = conn
         self._retry = retry
         self._left: dict[int, int] = {}
@@ -382,7 +438,7 @@ class _WorkerLoop:
         while True:
             try:
                 message = self._conn.recv()
-            except (EOFError, OSError):
+            except (EOFError, OSError, ValueError):  # ValueError: a ring slice out of bounds
                 message = None
             deliver(message)
             if message is None:
@@ -396,7 +452,7 @@ class _PlainWorker(_WorkerLoop):
 
     def __init__(
         self,
-        conn: Connection,
+        conn: _Pipe,
         handler: Handler,
         ordering: Ordering,
         progress: Any,
@@ -581,7 +637,7 @@ class _AsyncWorker(_WorkerLoop):
 
     def __init__(
         self,
-        conn: Connection,
+        conn: _Pipe,
         handler: Handler,
         ordering: Ordering,
         concurrency: int,
@@ -705,12 +761,15 @@ class _AsyncWorker(_WorkerLoop):
 
 
 class _Worker:
-    __slots__ = ("conn", "parts", "process", "progress", "task_id", "tasks")
+    __slots__ = ("conn", "handoff", "parts", "process", "progress", "task_id", "tasks")
 
-    def __init__(self, process: BaseProcess, conn: Connection, progress: Any) -> None:
+    def __init__(
+        self, process: BaseProcess, conn: Connection, progress: Any, handoff: Handoff
+    ) -> None:
         self.process = process
         self.conn = conn
         self.progress = progress
+        self.handoff = handoff
         self.task_id: int | None = None
         # An async worker's tasks: events not yet reported per task.
         self.tasks: dict[int, int] = {}
@@ -745,16 +804,17 @@ class WorkerPool:
     def _spawn(self) -> _Worker:
         parent_conn, child_conn = self._context.Pipe()
         progress = self._context.Value("q", -1, lock=False)
+        ring = self._context.RawArray("b", _HANDOFF_BYTES)
         process = self._context.Process(
             target=_worker_main,
             args=(child_conn, self._handler, self._ordering, progress, self.concurrency),
-            kwargs={"retry": self._retry},
+            kwargs={"ring": ring, "retry": self._retry},
             name="eventspool-worker",
             daemon=True,
         )
         process.start()
         child_conn.close()
-        return _Worker(process, parent_conn, progress)
+        return _Worker(process, parent_conn, progress, Handoff(ring))
 
     @property
     def size(self) -> int:
@@ -800,8 +860,15 @@ class WorkerPool:
         in `Progress`."""
         worker = self._workers[index]
         worker.parts += events
+        put = worker.handoff.put
+        wire: list[SentPart] = []
+        for part_id, topic, partition, packed, attempts in parts:
+            if isinstance(packed, bytes) and (start := put(packed)) is not None:
+                wire.append((part_id, topic, partition, InRing(start, len(packed)), attempts))
+            else:
+                wire.append((part_id, topic, partition, packed, attempts))
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, EOFError):
-            worker.conn.send(Parts(parts))
+            worker.conn.send(SentParts(wire))
 
     def drop(self, bounds: dict[TopicPartitionKey, int]) -> None:
         """Tell every worker to drop the parts' events of revoked partitions."""

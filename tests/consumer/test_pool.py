@@ -1,0 +1,100 @@
+"""The worker pool's transfers, with real worker processes.
+
+A part's packed records travel in the worker's hand-off ring of shared memory, and in
+the pipe when they do not fit in the room left; either way the worker runs every event
+once, in order, and reports it. A replaced worker gets a ring of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+from pathlib import Path
+
+from confluent_kafka import Message
+
+from eventspool._core.native import split_keyed
+from eventspool.consumer.pool import _HANDOFF_BYTES, PartWire, Progress, WorkerDied, WorkerPool
+from eventspool.consumer.scheduler import Ordering
+from eventspool.consumer.settings import RetryPolicy
+from tests.consumer.handlers import record_to
+
+TIMEOUT_S = 30.0
+
+
+def _part(part_id: int, first: int, count: int, value: bytes) -> PartWire:
+    messages = [
+        Message(topic="t", partition=0, offset=offset, key=b"k", value=value, timestamp=(1, offset))
+        for offset in range(first, first + count)
+    ]
+    (run,) = split_keyed(messages, 1, count, {("t", 0): None}, None)
+    ((blob, events),) = run[5]
+    assert events == count
+    return (part_id, "t", 0, blob, None)
+
+
+def _settle(pool: WorkerPool, events: int) -> list[object]:
+    """Collect until `events` are settled; every pool event seen."""
+    seen: list[object] = []
+    settled = 0
+    deadline = time.monotonic() + TIMEOUT_S
+    while settled < events:
+        assert time.monotonic() < deadline, f"{settled} of {events} settled"
+        for event in pool.collect(0.1):
+            seen.append(event)
+            if isinstance(event, Progress):
+                settled += event.settled
+    return seen
+
+
+def _offsets(path: Path) -> list[int]:
+    return [int(line.split()[1].rpartition("@")[2]) for line in path.read_text().splitlines()]
+
+
+def test_parts_in_the_ring_and_one_too_large_for_it_all_run_in_order(tmp_path: Path) -> None:
+    out = tmp_path / "handled"
+    pool = WorkerPool(
+        1,
+        functools.partial(record_to, out),
+        Ordering.KEY,
+        "forkserver",
+        concurrency=1,
+        retry=RetryPolicy(1, 0.0, 0.0),
+    )
+    try:
+        large = b"x" * (_HANDOFF_BYTES // 4)  # five of them are more than the ring holds
+        parts = [_part(1, 0, 50, b"small"), _part(2, 50, 5, large), _part(3, 55, 50, b"small")]
+        pool.send_parts(0, parts, 105)
+        pool.send_parts(0, [_part(4, 105, 20, b"small")], 20)
+        _settle(pool, 125)
+        assert _offsets(out) == list(range(125))
+    finally:
+        pool.stop()
+
+
+def test_a_replaced_worker_takes_parts_from_a_ring_of_its_own(tmp_path: Path) -> None:
+    out = tmp_path / "handled"
+    pool = WorkerPool(
+        1,
+        functools.partial(record_to, out),
+        Ordering.KEY,
+        "forkserver",
+        concurrency=1,
+        retry=RetryPolicy(1, 0.0, 0.0),
+    )
+    try:
+        pool.send_parts(0, [_part(1, 0, 10, b"before")], 10)
+        _settle(pool, 10)
+        (pid,) = pool.pids()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not any(isinstance(event, WorkerDied) for event in pool.collect(0.1)):
+            assert time.monotonic() < deadline, "the death was not reported"
+        pool.send_parts(0, [_part(2, 10, 10, b"after")], 10)
+        _settle(pool, 10)
+        assert _offsets(out) == list(range(20))
+    finally:
+        pool.stop()
