@@ -4,7 +4,7 @@
     cycling over 10k users, each with an `event_id` header. Each run reads all of them
     with a fresh consumer group, so both sides read the same records from the same broker:
     * ours: `Consumer(workers=2)` with the default settings (ordering by key, 200 events
-      per worker batch, 5000 buffered) and a handler that does nothing. Rate = events
+      per worker batch, 10,000 buffered) and a handler that does nothing. Rate = events
       processed between the first status snapshot that shows a received event and the one
       that shows all N processed, divided by the time between those two snapshots (the
       poll thread stamps each snapshot), so the slow group join on the embedded broker is

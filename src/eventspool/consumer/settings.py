@@ -39,7 +39,7 @@ class ConsumerSettings:
     """
 
     ordering: Ordering = Ordering.KEY
-    max_buffered: int = 5000
+    max_buffered: int = 10_000
     resume_fraction: float = 0.5
     pause_grace_s: float = 0.25
     max_batch: int = 200
