@@ -35,18 +35,27 @@ def _part(part_id: int, first: int, count: int, value: bytes) -> PartWire:
     return (part_id, "t", 0, blob, None)
 
 
-def _settle(pool: WorkerPool, events: int) -> list[object]:
-    """Collect until `events` are settled; every pool event seen."""
-    seen: list[object] = []
+def _pool(out: Path) -> WorkerPool:
+    """One plain worker that records each event it runs in `out`."""
+    return WorkerPool(
+        1,
+        functools.partial(record_to, out),
+        Ordering.KEY,
+        "forkserver",
+        concurrency=1,
+        retry=RetryPolicy(1, 0.0, 0.0),
+    )
+
+
+def _settle(pool: WorkerPool, events: int) -> None:
+    """Collect until the worker has reported `events` settled."""
     settled = 0
     deadline = time.monotonic() + TIMEOUT_S
     while settled < events:
         assert time.monotonic() < deadline, f"{settled} of {events} settled"
         for event in pool.collect(0.1):
-            seen.append(event)
             if isinstance(event, Progress):
                 settled += event.settled
-    return seen
 
 
 def _offsets(path: Path) -> list[int]:
@@ -55,14 +64,7 @@ def _offsets(path: Path) -> list[int]:
 
 def test_parts_in_the_ring_and_one_too_large_for_it_all_run_in_order(tmp_path: Path) -> None:
     out = tmp_path / "handled"
-    pool = WorkerPool(
-        1,
-        functools.partial(record_to, out),
-        Ordering.KEY,
-        "forkserver",
-        concurrency=1,
-        retry=RetryPolicy(1, 0.0, 0.0),
-    )
+    pool = _pool(out)
     try:
         large = b"x" * (_HANDOFF_BYTES // 4)  # five of them are more than the ring holds
         parts = [_part(1, 0, 50, b"small"), _part(2, 50, 5, large), _part(3, 55, 50, b"small")]
@@ -76,14 +78,7 @@ def test_parts_in_the_ring_and_one_too_large_for_it_all_run_in_order(tmp_path: P
 
 def test_a_replaced_worker_takes_parts_from_a_ring_of_its_own(tmp_path: Path) -> None:
     out = tmp_path / "handled"
-    pool = WorkerPool(
-        1,
-        functools.partial(record_to, out),
-        Ordering.KEY,
-        "forkserver",
-        concurrency=1,
-        retry=RetryPolicy(1, 0.0, 0.0),
-    )
+    pool = _pool(out)
     try:
         pool.send_parts(0, [_part(1, 0, 10, b"before")], 10)
         _settle(pool, 10)
