@@ -22,7 +22,13 @@ from confluent_kafka import Message
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventspool._core.native import PartRecords, decode_part, decode_records, split_keyed
+from eventspool._core.native import (
+    PartRecords,
+    calls_getters_directly,
+    decode_part,
+    decode_records,
+    split_keyed,
+)
 from eventspool.consumer.record import HeaderPairs, RawRecord, record_from_raw, wire_from_raw
 
 TOPICS = ("orders", "clicks")
@@ -229,6 +235,26 @@ def test_split_keyed_reads_kafka_messages_as_it_reads_the_stand_in(
             assert item is next(keyless)
         else:
             assert item == want
+
+
+def test_kafka_messages_are_read_through_their_c_getters_and_nothing_else_is() -> None:
+    class Overriding(Message):
+        def key(self) -> bytes:
+            return b"overridden"
+
+    class Borrowing:
+        key = str.upper  # another type's C method: calling it on this object would crash
+
+    assert calls_getters_directly(Message)
+    assert not calls_getters_directly(Overriding)
+    assert not calls_getters_directly(FakeMessage)
+    assert not calls_getters_directly(Borrowing)
+    message = Overriding(topic="t", partition=0, offset=0, key=b"k", value=b"v", timestamp=(0, 0))
+    ((*_, blobs, _stale),) = split_keyed([message], 1, 10, {("t", 0): None}, None)
+    assert blobs[0] is not None
+    assert decode_records(blobs[0][0])[0][1] == b"overridden"
+    with pytest.raises(TypeError, match="descriptor 'upper'"):
+        split_keyed([Borrowing()], 1, 10, {("t", 0): None}, None)
 
 
 def test_each_key_has_one_worker_and_keys_spread_over_all() -> None:

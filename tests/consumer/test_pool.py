@@ -11,12 +11,23 @@ import functools
 import os
 import signal
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
+import pytest
 from confluent_kafka import Message
 
 from eventspool._core.native import split_keyed
-from eventspool.consumer.pool import _HANDOFF_BYTES, PartWire, Progress, WorkerDied, WorkerPool
+from eventspool.consumer.pool import (
+    _HANDOFF_BYTES,
+    InRing,
+    PartWire,
+    Progress,
+    SentParts,
+    WorkerDied,
+    WorkerPool,
+)
 from eventspool.consumer.scheduler import Ordering
 from eventspool.consumer.settings import RetryPolicy
 from tests.consumer.handlers import record_to
@@ -62,7 +73,18 @@ def _offsets(path: Path) -> list[int]:
     return [int(line.split()[1].rpartition("@")[2]) for line in path.read_text().splitlines()]
 
 
-def test_parts_in_the_ring_and_one_too_large_for_it_all_run_in_order(tmp_path: Path) -> None:
+def test_parts_in_the_ring_and_one_too_large_for_it_all_run_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[SentParts] = []
+    send = Connection.send
+
+    def keep(conn: Connection, message: Any) -> None:
+        if isinstance(message, SentParts):
+            sent.append(message)
+        send(conn, message)
+
+    monkeypatch.setattr(Connection, "send", keep)
     out = tmp_path / "handled"
     pool = _pool(out)
     try:
@@ -72,6 +94,8 @@ def test_parts_in_the_ring_and_one_too_large_for_it_all_run_in_order(tmp_path: P
         pool.send_parts(0, [_part(4, 105, 20, b"small")], 20)
         _settle(pool, 125)
         assert _offsets(out) == list(range(125))
+        ways = [type(part[3]) for message in sent for part in message.parts]
+        assert ways == [InRing, bytes, InRing, InRing]
     finally:
         pool.stop()
 
@@ -84,10 +108,12 @@ def test_a_replaced_worker_takes_parts_from_a_ring_of_its_own(tmp_path: Path) ->
         _settle(pool, 10)
         (pid,) = pool.pids()
         assert pid is not None
+        first_ring = pool._workers[0].handoff
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + TIMEOUT_S
         while not any(isinstance(event, WorkerDied) for event in pool.collect(0.1)):
             assert time.monotonic() < deadline, "the death was not reported"
+        assert pool._workers[0].handoff is not first_ring
         pool.send_parts(0, [_part(2, 10, 10, b"after")], 10)
         _settle(pool, 10)
         assert _offsets(out) == list(range(20))

@@ -187,6 +187,9 @@ _RawRecord = tuple[int, bytes | None, bytes | None, _Headers | None, tuple[int, 
 # (topic, partition, first offset, end offset, count, per worker (blob, records) or None, stale)
 KeyedRun = tuple[str, int, int, int, int, list[tuple[bytes, int] | None], list[_RawRecord]]
 
+def calls_getters_directly(message_type: type) -> bool:
+    """Whether split_keyed calls every getter of `message_type` through its C function."""
+
 def split_keyed(
     messages: list[Any],
     workers: int,

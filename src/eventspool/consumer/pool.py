@@ -7,9 +7,10 @@ records go into the worker's ring of shared memory, and only where they are into
 pipe. The worker runs them in arrival order, which is each key's offset order, and
 keeps that order itself across retries: a failed event waits for its backoff in the
 worker and holds back its key's later events meanwhile; one out of attempts is
-reported for the poll thread to dead-letter. Outcomes go back in one report at most
-every 5 ms while the worker is busy (for slow events, about every hundred events, at
-most 20 ms apart), a whole part as one entry once it is done. A revoked partition's
+reported for the poll thread to dead-letter. A plain worker's outcomes go back in one
+report at most every 5 ms while it is busy (for slow events, about every hundred events,
+at most 20 ms apart), an async worker's every 2 ms; a whole part is one entry once it
+is done. A revoked partition's
 events still queued are dropped on request. When a worker dies, every event of its
 parts it had not reported is retried.
 
@@ -34,6 +35,7 @@ import importlib
 import inspect
 import itertools
 import multiprocessing
+import os
 import queue
 import signal
 import threading
@@ -438,8 +440,13 @@ class _WorkerLoop:
         while True:
             try:
                 message = self._conn.recv()
-            except (EOFError, OSError, ValueError):  # ValueError: a ring slice out of bounds
+            except (EOFError, OSError):
                 message = None
+            except Exception:
+                # A transfer it cannot read: a bug. Die loudly, so the pool replaces this
+                # worker and retries what it had not reported, instead of hanging.
+                traceback.print_exc()
+                os._exit(1)
             deliver(message)
             if message is None:
                 return
