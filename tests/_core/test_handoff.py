@@ -85,7 +85,7 @@ def test_a_reader_that_opens_the_ring_later_starts_where_the_writer_is() -> None
     assert Handoff(buffer).put(b"y" * 8) == 8  # a writer made now starts after it
 
 
-def test_a_slice_outside_the_ring_is_a_value_error() -> None:
+def test_a_slice_outside_the_ring_or_a_buffer_it_cannot_use_is_refused() -> None:
     _writer, reader = _ends(16)
     with pytest.raises(ValueError, match="no blob of 17 bytes"):
         reader.take(0, 17)
@@ -95,6 +95,8 @@ def test_a_slice_outside_the_ring_is_a_value_error() -> None:
         Handoff(bytearray(HEADER))
     with pytest.raises(BufferError):
         Handoff(b"read-only" * 10)
+    with pytest.raises(ValueError, match="8-byte aligned"):
+        Handoff(memoryview(bytearray(HEADER + 16))[1:])
 
 
 def test_the_ring_works_over_shared_memory_of_a_process_context() -> None:

@@ -19,7 +19,6 @@ cdef class Handoff:
     pipe, so the ring's size limits nothing but its own use.
     """
 
-    cdef object _owner
     cdef Py_buffer _view
     cdef bint _has_view
     cdef char *_data
@@ -34,7 +33,8 @@ cdef class Handoff:
             raise ValueError(
                 f"a hand-off ring needs more than {HANDOFF_HEADER} bytes, got {self._view.len}"
             )
-        self._owner = buffer
+        if <size_t>self._view.buf % 8:
+            raise ValueError("a hand-off ring's buffer must be 8-byte aligned")
         self._taken = <uint64_t *>self._view.buf
         self._data = <char *>self._view.buf + HANDOFF_HEADER
         self.capacity = self._view.len - HANDOFF_HEADER

@@ -10,9 +10,8 @@ worker and holds back its key's later events meanwhile; one out of attempts is
 reported for the poll thread to dead-letter. A plain worker's outcomes go back in one
 report at most every 5 ms while it is busy (for slow events, about every hundred events,
 at most 20 ms apart), an async worker's every 2 ms; a whole part is one entry once it
-is done. A revoked partition's
-events still queued are dropped on request. When a worker dies, every event of its
-parts it had not reported is retried.
+is done. A revoked partition's events still queued are dropped on request. When a
+worker dies, every event of its parts it had not reported is retried.
 
 Tasks (everything else): a plain function's worker runs one task at a time, in order.
 Before each event it writes the event's index into shared memory, so when a worker dies
@@ -72,8 +71,8 @@ _REPORT_EVERY_S = 0.002
 _REPORT_MIN_WAIT_S = 0.005
 _REPORT_EVENTS = 100
 _REPORT_MAX_WAIT_S = 0.02
-# Each worker's hand-off ring: a few default windows of small events. A blob that does not
-# fit in the room left goes through the pipe instead.
+# Each worker's hand-off ring: twice what the default window of 200-byte events packs to.
+# A blob that does not fit in the room left goes through the pipe instead.
 _HANDOFF_BYTES = 4 << 20
 
 
