@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from eventspool.broker import LocalBroker, create_topic
+from eventspool.broker.mock import MockCluster
 from eventspool.testing.disk import DiskUnavailableError, SmallDisk
 
 SmallDiskFactory = Callable[[Path, int], SmallDisk]
@@ -23,6 +24,14 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     """
     with LocalBroker(tmp_path_factory.mktemp("broker")) as local:
         yield local
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[MockCluster]:
+    """A fresh 3-broker mock cluster per test (it starts in well under a second): each
+    test moves leaders, downs brokers and injects errors of its own."""
+    with MockCluster(3, log_path=tmp_path / "mock-cluster.log") as started:
+        yield started
 
 
 @pytest.fixture
