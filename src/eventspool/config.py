@@ -130,8 +130,21 @@ class SenderSettings:
 
     `kafka` is passed to librdkafka as is (security.protocol, sasl.*, ssl.*, ...), after
     our defaults, so anything here wins, except the settings that keep delivery safe.
-    `statistics_interval_ms` (0: off) makes librdkafka report its statistics that often;
-    the sender then counts the produce requests it sent (`SenderCounters`, /metrics).
+    `statistics_interval_ms` (0: off) makes librdkafka report its statistics that often:
+    the sender learns from them which brokers it cannot reach, so keyless events avoid
+    their partitions within about that time, and counts the produce requests it sent.
+
+    Nothing may wedge (docs/semantics.md):
+      - `producer_reset_after_s`: produce keeps failing with a producer-state error
+        (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID, e.g. after a broker
+        lost its state) this long with no success: a new producer takes over, as after a
+        fatal error.
+      - `partition_stuck_s`: a queue whose oldest in-flight event waited this long makes
+        its partition unavailable to keyless events.
+      - `keyless_failover_s`: keyless events queued on a partition unavailable this long
+        move once to an available partition of their topic (0: never).
+      - `stall_after_s`: a queue holding events that has not advanced this long is
+        reported stalled (log line, status, /metrics, the agent's /healthz).
     """
 
     compression: str = "lz4"
@@ -146,7 +159,11 @@ class SenderSettings:
     new_topic_replication: int = 1
     retry_backoff_s: float = 0.1
     retry_backoff_max_s: float = 5.0
-    statistics_interval_ms: int = 0
+    statistics_interval_ms: int = 1000
+    producer_reset_after_s: float = 5.0
+    partition_stuck_s: float = 5.0
+    keyless_failover_s: float = 10.0
+    stall_after_s: float = 30.0
     kafka: Mapping[str, KafkaConfigValue] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -161,5 +178,12 @@ class SenderSettings:
         for name in ("max_in_flight_per_queue", "read_batch_records", "new_topic_partitions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be positive")
+        for name in ("producer_reset_after_s", "partition_stuck_s", "stall_after_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name}={getattr(self, name)}: must be positive and finite")
+        if not 0 <= self.keyless_failover_s < math.inf:
+            raise ValueError(
+                f"keyless_failover_s={self.keyless_failover_s}: must be finite, 0 to turn it off"
+            )
         if self.metadata_refresh_s <= 0:
             raise ValueError(f"metadata_refresh_s={self.metadata_refresh_s}: must be positive")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class TopicLayout:
     partition_count: int
-    led_partitions: frozenset[int]
+    leaders: Mapping[int, int]  # partition -> leader broker id, -1 for none
 
 
 class MetadataClient:
@@ -46,8 +47,7 @@ class MetadataClient:
             return None
         return {
             name: TopicLayout(
-                len(topic.partitions),
-                frozenset(p.id for p in topic.partitions.values() if p.leader >= 0),
+                len(topic.partitions), {p.id: p.leader for p in topic.partitions.values()}
             )
             for name, topic in metadata.topics.items()
             if topic.error is None and topic.partitions

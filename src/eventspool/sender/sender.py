@@ -13,12 +13,20 @@ idempotent producer guarantees it), so each queue's compiled callback (Deliverie
 the oldest sequence in flight, accounts a success itself and hands a failure to
 `_on_failure`. The produce loop over a drained batch is compiled too; what to do when
 produce() raises stays here.
+
+Nothing wedges. A fatal producer error (librdkafka's idempotent producer gives up for
+good, e.g. on a sequence desynchronization after a broker restart), or producer-state
+errors that outlast `producer_reset_after_s`, make the sender drop its producer, rewind
+every queue to its acknowledged position and go on with a new one: events in flight
+then may arrive twice. Partition health (health.py) steers keyless events away from
+partitions without a working leader and moves those already queued there. A queue that
+holds events and has not advanced for `stall_after_s` is reported, never silent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -31,7 +39,8 @@ from eventspool._core.native import AckTracker, Deliveries
 from eventspool.clock import Clock
 from eventspool.config import KafkaConfigValue, SenderSettings
 from eventspool.sender.deadletter import DeadLetter, DeadLetterFile
-from eventspool.sender.errors import is_permanent
+from eventspool.sender.errors import is_permanent, is_producer_state
+from eventspool.sender.health import PartitionHealth, parse_statistics
 from eventspool.sender.metadata import MetadataClient
 from eventspool.spool.registry import QueueRef, QueueRegistry
 from eventspool.spool.ring import RingQueue
@@ -42,6 +51,7 @@ _IDLE_POLL_S = 0.01
 _UNKNOWN_TOPIC_RETRY_S = 1.0
 _ENVELOPE_OVERHEAD = 4096
 _READ_BATCH_BYTES = 1 << 20
+_WATCH_INTERVAL_S = 0.5
 
 # (sequence, key, value, create time ms, headers); headers None: undecodable payload.
 KafkaRecord = tuple[
@@ -53,9 +63,24 @@ FailureHandler = Callable[["_QueueState", int, KafkaError, Message], None]
 
 
 class _QueueState:
-    """One queue as the sender sees it; `deliveries` is its delivery-report callback."""
+    """One queue as the sender sees it; `deliveries` is its delivery-report callback.
 
-    __slots__ = ("backoff_s", "deliveries", "partition", "ref", "retry_at", "tracker")
+    `waiting_since`: when the oldest event in flight was produced, or the prefix last
+    grew. `parked`: its keyless events were moved away and nothing is produced from it
+    until its partition is available again; `moved_until` is the ring's end at the move.
+    """
+
+    __slots__ = (
+        "backoff_s",
+        "deliveries",
+        "moved_until",
+        "parked",
+        "partition",
+        "ref",
+        "retry_at",
+        "tracker",
+        "waiting_since",
+    )
 
     def __init__(self, ref: QueueRef, partition: int, on_failure: FailureHandler) -> None:
         self.ref = ref
@@ -64,6 +89,19 @@ class _QueueState:
         self.deliveries = Deliveries(self.tracker, functools.partial(on_failure, self))
         self.retry_at = 0.0
         self.backoff_s = 0.0
+        self.waiting_since = 0.0
+        self.parked = False
+        self.moved_until = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StalledQueue:
+    """A queue that holds events and has not advanced for `stalled_s` seconds."""
+
+    topic: str
+    partition: int | None
+    depth: int
+    stalled_s: float
 
 
 @dataclass(slots=True)
@@ -74,6 +112,8 @@ class SenderCounters:
     broker_errors: int = 0
     reconnects: int = 0
     produce_requests: int = 0
+    producer_resets: int = 0
+    failover_moved: int = 0
     last_error: str | None = None
 
 
@@ -99,31 +139,38 @@ class Sender:
                 "statistics.interval.ms": settings.statistics_interval_ms,
                 "stats_cb": self._on_statistics,
             }
-        self._producer = Producer(
-            {
-                **statistics,
-                "linger.ms": settings.linger_ms,
-                "batch.size": settings.batch_size,
-                "compression.type": settings.compression,
-                "queue.buffering.max.messages": 2_000_000,
-                "queue.buffering.max.kbytes": 2_097_151,
-                "message.max.bytes": max(
-                    1_000_000, registry.settings.max_event_bytes + _ENVELOPE_OVERHEAD
-                ),
-                **base,
-                "enable.idempotence": True,
-                "acks": "all",
-                "message.timeout.ms": 0,
-                "error_cb": self._on_error,
-                "logger": logging.getLogger("eventspool.librdkafka"),
-            }
-        )
+        self._producer_config: dict[str, object] = {
+            **statistics,
+            "linger.ms": settings.linger_ms,
+            "batch.size": settings.batch_size,
+            "compression.type": settings.compression,
+            "queue.buffering.max.messages": 2_000_000,
+            "queue.buffering.max.kbytes": 2_097_151,
+            "message.max.bytes": max(
+                1_000_000, registry.settings.max_event_bytes + _ENVELOPE_OVERHEAD
+            ),
+            **base,
+            "enable.idempotence": True,
+            "acks": "all",
+            "message.timeout.ms": 0,
+            "error_cb": self._on_error,
+            "logger": logging.getLogger("eventspool.librdkafka"),
+        }
+        self._base_config = base
+        self._producer = Producer(self._producer_config)
         self._metadata = MetadataClient(self._producer, base, settings)
         self.dead_letters = DeadLetterFile(directory)
         self.counters = SenderCounters()
         self._queues: dict[RingQueue, _QueueState] = {}
         self._advanced: set[_QueueState] = set()
         self._next_refresh = 0.0
+        self._next_watch = 0.0
+        self._health = PartitionHealth(clock)
+        self._fatal: KafkaError | None = None
+        self._state_errors_since: float | None = None
+        self._progress: dict[RingQueue, tuple[int, float]] = {}
+        self._stalled: set[RingQueue] = set()
+        self.moves = 0  # failover moves so far: Spool.flush() then looks at the new rings
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="eventspool-sender", daemon=True)
         self.connected = False
@@ -150,6 +197,20 @@ class Sender:
 
     # ---- loop -------------------------------------------------------------------
 
+    def stalled_queues(self) -> list[StalledQueue]:
+        """Queues holding events that have not advanced for `stall_after_s` or longer."""
+        now = self._clock.monotonic()
+        stalled = []
+        for ref in self._registry.refs():
+            mark = self._progress.get(ref.ring)
+            if ref.ring in self._stalled and mark is not None and ref.ring.depth:
+                stalled.append(
+                    StalledQueue(ref.topic, ref.partition, ref.ring.depth, now - mark[1])
+                )
+        return stalled
+
+    # ---- loop -------------------------------------------------------------------
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -158,9 +219,157 @@ class Sender:
                 self._producer.poll(0 if produced else _IDLE_POLL_S)
                 self._apply_acks()
                 self._settle()
+                self._watch()
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError) and error.fatal():
+                    self._fatal = error  # replaced by the next _watch()
+                    continue
+                log.exception("sender loop error; retrying")
+                self._stop.wait(self._settings.retry_backoff_s)
             except Exception:
                 log.exception("sender loop error; retrying")
                 self._stop.wait(self._settings.retry_backoff_s)
+
+    def _watch(self) -> None:
+        """Twice a second: replace a broken producer, judge partitions, report stalls."""
+        now = self._clock.monotonic()
+        if now < self._next_watch and self._fatal is None:
+            return
+        self._next_watch = now + _WATCH_INTERVAL_S
+        if self._fatal is not None:
+            self._replace_producer(f"fatal producer error: {self._fatal.str()}")
+        elif (
+            self._state_errors_since is not None
+            and now - self._state_errors_since >= self._settings.producer_reset_after_s
+        ):
+            self._replace_producer(
+                f"every produce failed with a producer-state error for "
+                f"{now - self._state_errors_since:.0f} s ({self.counters.last_error})"
+            )
+        stuck = [
+            (state.ref.topic, state.partition)
+            for state in self._queues.values()
+            if state.tracker.in_flight
+            and now - state.waiting_since >= self._settings.partition_stuck_s
+        ]
+        if self._health.set_stuck(stuck):
+            self._next_refresh = 0.0
+        self._apply_health()
+        if self._settings.keyless_failover_s:
+            self._fail_over()
+        self._check_stalls(now)
+
+    def _replace_producer(self, reason: str) -> None:
+        """Give up on the producer: a new one resends everything not acknowledged.
+
+        The old producer is purged and never polled again, so none of its delivery
+        reports reach a queue; what it delivered without reporting comes again.
+        """
+        self._apply_acks()
+        in_flight = sum(state.tracker.in_flight for state in self._queues.values())
+        log.error(
+            "sender: %s; starting a new producer and resending the %d events in flight "
+            "(some may arrive twice)",
+            reason,
+            in_flight,
+        )
+        self.counters.producer_resets += 1
+        self.counters.last_error = reason
+        old = self._producer
+        with contextlib.suppress(KafkaException):
+            old.purge()
+        self._producer = Producer(self._producer_config)
+        self._metadata = MetadataClient(self._producer, self._base_config, self._settings)
+        for state in self._queues.values():
+            state.ref.ring.rewind()
+        self._queues.clear()
+        self._fatal = None
+        self._state_errors_since = None
+        self._next_refresh = 0.0
+
+    def _apply_health(self) -> None:
+        """Tell each topic's partitioner which partitions keyless events may go to."""
+        for topic in self._registry.topics():
+            count = topic.partition_count
+            if count is not None and topic.has_queues:
+                available = self._health.available(topic.name, count)
+                if available != topic.available:
+                    self._registry.set_available_partitions(topic.name, available)
+
+    def _fail_over(self) -> None:
+        """Move queued keyless events off partitions unavailable past `keyless_failover_s`.
+
+        The queue's events in flight stay with librdkafka (it cannot take back one
+        partition's) and are delivered when the partition recovers: a keyless one moved
+        meanwhile then arrives twice. The queue is parked until then, so its keyed events
+        wait on disk, produced once more when it recovers.
+        """
+        for ring, state in list(self._queues.items()):
+            key = (state.ref.topic, state.partition)
+            unavailable_s = self._health.unavailable_for(key)
+            if not unavailable_s:
+                state.parked = False
+                continue
+            if unavailable_s < self._settings.keyless_failover_s or not ring.depth:
+                continue
+            if state.parked and ring.next_seq == state.moved_until:
+                continue
+            topic = self._registry.topic(state.ref.topic)
+            if topic.partition_count is None:
+                continue
+            targets = sorted(self._health.available(topic.name, topic.partition_count))
+            if not targets:
+                continue
+            moved = self._registry.move_keyless(topic.name, state.partition, targets)
+            parked = _QueueState(state.ref, state.partition, self._on_failure)
+            parked.parked = True
+            parked.moved_until = ring.next_seq
+            self._queues[ring] = parked
+            if moved:
+                self.moves += 1
+                self.counters.failover_moved += moved
+                log.warning(
+                    "partition %s/%d has had no available leader for %.0f s: moved its %d "
+                    "queued keyless events to partitions %s; its keyed events wait for it",
+                    topic.name,
+                    state.partition,
+                    unavailable_s,
+                    moved,
+                    targets,
+                )
+
+    def _check_stalls(self, now: float) -> None:
+        """Log once when a queue holding events stops advancing, and when it moves again."""
+        seen = set()
+        for ref in self._registry.refs():
+            ring = ref.ring
+            if not ring.is_open:
+                continue
+            seen.add(ring)
+            head = ring.head_seq
+            mark = self._progress.get(ring)
+            if not ring.depth or mark is None or mark[0] != head:
+                self._progress[ring] = (head, now)
+                if ring in self._stalled:
+                    self._stalled.discard(ring)
+                    log.warning("queue %s/%s is moving again", ref.topic, _name(ref.partition))
+                continue
+            if ring not in self._stalled and now - mark[1] >= self._settings.stall_after_s:
+                self._stalled.add(ring)
+                log.error(
+                    "queue %s/%s holds %d events and has not advanced for %.0f s "
+                    "(broker connected: %s; last error: %s)",
+                    ref.topic,
+                    _name(ref.partition),
+                    ring.depth,
+                    now - mark[1],
+                    "yes" if self.connected else "no",
+                    self.counters.last_error,
+                )
+        for ring in self._progress.keys() - seen:
+            del self._progress[ring]
+            self._stalled.discard(ring)
 
     def _refresh_metadata(self) -> None:
         now = self._clock.monotonic()
@@ -183,7 +392,8 @@ class Sender:
                 missing.append(topic.name)
                 continue
             self._registry.set_partition_count(topic.name, layout.partition_count)
-            self._registry.set_available_partitions(topic.name, layout.led_partitions)
+            self._health.set_leaders(topic.name, layout.leaders)
+        self._apply_health()
         if missing and self._settings.create_topics:
             self._metadata.create_topics(missing)
         interval = _UNKNOWN_TOPIC_RETRY_S if missing else self._settings.metadata_refresh_s
@@ -201,11 +411,13 @@ class Sender:
             if state is None:
                 state = _QueueState(ref, ref.partition, self._on_failure)
                 self._queues[ref.ring] = state
-            if state.tracker.failed or now < state.retry_at:
+            if state.tracker.failed or state.parked or now < state.retry_at:
                 continue
             room = self._settings.max_in_flight_per_queue - state.tracker.in_flight
             if room <= 0 or not ref.ring.unread:
                 continue
+            if not state.tracker.in_flight:
+                state.waiting_since = now
             batch = ref.ring.core.read_for_kafka(
                 min(room, self._settings.read_batch_records), _READ_BATCH_BYTES
             )
@@ -277,7 +489,10 @@ class Sender:
                 error = exc.args[0]
                 if not isinstance(error, KafkaError):
                     raise
-                if is_permanent(error):
+                if error.fatal():
+                    self._fatal = error
+                    state.tracker.failed_transiently()
+                elif is_permanent(error):
                     raw_id = headers[0][1] if headers else None
                     self._dead_letter(
                         state,
@@ -311,23 +526,29 @@ class Sender:
             self._settled(state, seq)
             return
         self.counters.last_error = str(error)
+        if is_producer_state(error) and self._state_errors_since is None:
+            self._state_errors_since = self._clock.monotonic()
         state.tracker.failed_transiently()
 
     def _settled(self, state: _QueueState, seq: int) -> None:
-        if state.tracker.completed(seq):
+        # A state replaced since (new producer, failover) no longer owns its ring.
+        if state.tracker.completed(seq) and self._queues.get(state.ref.ring) is state:
             self._advanced.add(state)
 
     def _apply_acks(self) -> None:
         """Move read positions once per poll, not once per delivery report."""
+        now = self._clock.monotonic()
         for state in self._queues.values():
             deliveries = state.deliveries
             if deliveries.advanced:
                 deliveries.advanced = False
                 state.backoff_s = 0.0
+                state.waiting_since = now
                 self._advanced.add(state)
             if deliveries.delivered:
                 self.counters.delivered += deliveries.delivered
                 deliveries.delivered = 0
+                self._state_errors_since = None
         for state in self._advanced:
             state.ref.ring.ack(state.tracker.acked_until - 1)
         self._advanced.clear()
@@ -381,17 +602,30 @@ class Sender:
             self._next_refresh = 0.0
 
     def _on_statistics(self, text: str) -> None:
-        """Keep the count of produce requests librdkafka has sent to every broker."""
-        brokers = json.loads(text).get("brokers", {})
-        self.counters.produce_requests = sum(
-            int(broker.get("req", {}).get("Produce", 0)) for broker in brokers.values()
-        )
+        """Learn which brokers are unreachable and who leads what; count produce requests.
+
+        Runs in poll(), on the sender's thread. A partition newly unavailable asks for a
+        metadata refresh at once: the cluster may have elected a new leader.
+        """
+        view = parse_statistics(text)
+        changed = self._health.set_down_brokers(view.down_brokers)
+        for topic, leaders in view.leaders.items():
+            changed |= self._health.set_leaders(topic, leaders)
+        if changed:
+            self._next_refresh = 0.0
+        self.counters.produce_requests = view.produce_requests
 
     def _on_error(self, error: KafkaError) -> None:
         self.counters.broker_errors += 1
         self.counters.last_error = str(error)
+        if error.fatal():
+            self._fatal = error
         if error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
             self.connected = False
+
+
+def _name(partition: int | None) -> str:
+    return "pending" if partition is None else str(partition)
 
 
 def _as_bytes(data: str | bytes | None) -> bytes | None:

@@ -289,9 +289,12 @@ class Spool(SpoolFront):
         if self.sender is None:
             return sum(target - ring.head_seq for ring, target in targets)
         deadline = None if timeout is None else self._clock.monotonic() + timeout
+        moves = self.sender.moves
         while True:
-            if not all(ring.is_open for ring, _ in targets):
-                # A pending ring was moved into partitions: wait for their new ends.
+            if self.sender.moves != moves or not all(ring.is_open for ring, _ in targets):
+                # Events moved to other rings (a pending ring into partitions, keyless
+                # events off a partition without a leader): wait for their new ends.
+                moves = self.sender.moves
                 targets = self._flush_targets()
             remaining = sum(max(0, target - ring.head_seq) for ring, target in targets)
             if not remaining or (deadline is not None and self._clock.monotonic() >= deadline):

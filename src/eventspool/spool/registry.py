@@ -15,6 +15,7 @@ that they land where a Java producer would put them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -30,7 +31,7 @@ from eventspool.envelope import EventIdGenerator, decode
 from eventspool.errors import QueueFileError, SpoolBudgetError
 from eventspool.spool.budget import DiskBudget
 from eventspool.spool.partitioner import StickyPartitioner, partition_for_key
-from eventspool.spool.ring import HEADER_SIZE, PAGE, RingQueue, append_to_each
+from eventspool.spool.ring import HEADER_SIZE, PAGE, Record, RingQueue, append_to_each
 
 PARTITIONS_FILE = "partitions.json"
 TOPICS_DIR = "topics"
@@ -290,6 +291,39 @@ class QueueRegistry:
         """
         self.topic(name).available = available or None
 
+    def move_keyless(self, name: str, source: int, targets: Sequence[int]) -> int:
+        """Move the keyless events at the head of partition `source`'s ring to `targets`.
+
+        For a partition whose leader is gone (the sender's failover): keyless events have
+        no order to keep, so they may go to any partition. The move stops at the first
+        keyed event, which waits for its own partition. Crash-safe as `_move_pending`: an
+        event is appended to its new ring before it leaves the old one. The caller must
+        be the ring's only reader, and rewinds it after. Returns how many moved.
+        """
+        if not targets:
+            return 0
+        topic = self.topic(name)
+        ring = topic.partitions.get(source)
+        if ring is None:
+            return 0
+        sticky = StickyPartitioner(self.settings.sticky_batch_bytes)
+        moved = 0
+        ring.rewind()
+        while batch := ring.read_batch(_MIGRATION_BATCH):
+            keyless = list(itertools.takewhile(_is_keyless, batch))
+            for record in keyless:
+                target = targets[sticky.partition(len(targets), len(record.payload))]
+                topic.partition_ring(target, admitted=True).append(
+                    record.payload, record.timestamp_ms
+                )
+            if keyless:
+                ring.ack(keyless[-1].seq)
+                moved += len(keyless)
+            if len(keyless) < len(batch):
+                break
+        ring.rewind()
+        return moved
+
     def _move_pending(self, topic: TopicQueues, pending: RingQueue, count: int) -> None:
         sticky = StickyPartitioner(self.settings.sticky_batch_bytes)
         pending.rewind()
@@ -313,6 +347,14 @@ class QueueRegistry:
     def close(self) -> None:
         for topic in self.topics():
             topic.close()
+
+
+def _is_keyless(record: Record) -> bool:
+    """Whether a queued event has no key; an undecodable one stays where it is."""
+    try:
+        return decode(record.payload).key is None
+    except ValueError:
+        return False
 
 
 def load_partition_counts(directory: Path) -> dict[str, int]:

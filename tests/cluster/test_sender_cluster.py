@@ -1,0 +1,202 @@
+"""The sender on a 3-broker cluster (librdkafka's mock): fatal errors, lost producer state,
+leaderless partitions, stalls. Every check compares event ids end to end.
+
+The mock has no replication and no sequence checks for a non-transactional producer, so
+a retried batch may be appended twice: these tests judge loss, never duplicates.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from eventspool.broker.mock import ApiKey, MockCluster
+from eventspool.config import SenderSettings
+from eventspool.spool.api import Spool
+from eventspool.spool.partitioner import partition_for_key
+from eventspool.verify import header_event_id
+
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
+
+PARTITIONS = 6
+FAST = SenderSettings(
+    metadata_refresh_s=2.0,
+    producer_reset_after_s=1.0,
+    partition_stuck_s=2.0,
+    keyless_failover_s=2.0,
+    stall_after_s=2.0,
+    kafka={"socket.connection.setup.timeout.ms": 3000, "reconnect.backoff.max.ms": 1000},
+)
+
+
+def _topic(cluster: MockCluster) -> str:
+    name = f"orders-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(name, PARTITIONS, 3)
+    return name
+
+
+def _read_all(
+    bootstrap: str, topic: str, expected: set[str], timeout: float = 60.0
+) -> dict[str, Counter[int]]:
+    """event_id -> the partitions it was read from (and how often), until all expected
+    ids were seen or `timeout` passed."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"verify-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    seen: dict[str, Counter[int]] = defaultdict(Counter)
+    deadline = time.monotonic() + timeout
+    try:
+        while not expected <= seen.keys() and time.monotonic() < deadline:
+            for message in consumer.consume(10_000, 0.2):
+                if message.error() is None and (event_id := header_event_id(message)):
+                    seen[event_id][message.partition() or 0] += 1
+    finally:
+        consumer.close()
+    return seen
+
+
+def _send(spool: Spool, topic: str, count: int, *, keyed: bool) -> dict[str, bytes | None]:
+    """Send `count` events; returns event_id -> key."""
+    sent: dict[str, bytes | None] = {}
+    for i in range(count):
+        key = f"user-{i % 97}".encode() if keyed else None
+        sent[spool.send(topic, b"x" * 100, key=key)] = key
+    return sent
+
+
+def test_a_fatal_producer_error_gets_a_new_producer_and_loses_nothing(
+    cluster: MockCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = _topic(cluster)
+    with Spool(tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST) as spool:
+        sent = _send(spool, topic, 5_000, keyed=True)
+        assert spool.flush(30) == 0
+        cluster.push_request_errors(ApiKey.PRODUCE, [KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER])
+        with caplog.at_level(logging.ERROR, logger="eventspool.sender.sender"):
+            sent |= _send(spool, topic, 20_000, keyed=True)
+            assert spool.flush(30) == 0
+        assert spool.sender is not None
+        assert spool.sender.counters.producer_resets == 1
+        assert "fatal producer error" in caplog.text
+        sent |= _send(spool, topic, 1_000, keyed=True)
+        assert spool.flush(30) == 0
+    seen = _read_all(cluster.bootstrap_servers, topic, set(sent))
+    assert set(sent) <= seen.keys()
+    partition_of_key: dict[bytes | None, set[int]] = defaultdict(set)
+    for event_id, key in sent.items():
+        partition_of_key[key].update(seen[event_id])
+    assert all(len(partitions) == 1 for partitions in partition_of_key.values())
+
+
+def test_produce_that_keeps_failing_on_producer_state_gets_a_new_producer(
+    cluster: MockCluster, tmp_path: Path
+) -> None:
+    """A broker that lost its state answers PRODUCER_FENCED to every produce of the
+    producer it no longer knows; the same producer would retry for ever."""
+    topic = _topic(cluster)
+    with Spool(tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST) as spool:
+        sent = _send(spool, topic, 1_000, keyed=True)
+        assert spool.flush(30) == 0
+        cluster.push_request_errors(ApiKey.PRODUCE, [KafkaError.PRODUCER_FENCED] * 200)
+        sent |= _send(spool, topic, 5_000, keyed=True)
+        assert spool.flush(30) == 0
+        assert spool.sender is not None
+        assert spool.sender.counters.producer_resets >= 1
+    seen = _read_all(cluster.bootstrap_servers, topic, set(sent))
+    assert set(sent) <= seen.keys()
+
+
+def test_keyless_events_leave_partitions_without_a_leader_and_keyed_ones_wait(
+    cluster: MockCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Broker 3 goes down and its partitions lose their leader: keyless events already
+    queued there move to live partitions, new ones avoid them, keyed ones wait on disk
+    and arrive once the leader is back."""
+    topic = _topic(cluster)
+    for partition in range(PARTITIONS):
+        cluster.set_leader(topic, partition, partition % 3 + 1)
+    dead = [p for p in range(PARTITIONS) if p % 3 + 1 == 3]
+    with Spool(tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST) as spool:
+        sent = _send(spool, topic, 2_000, keyed=False)
+        assert spool.flush(30) == 0
+        cluster.broker_down(3)
+        for partition in dead:
+            cluster.set_leader(topic, partition, None)
+        stop = threading.Event()
+        keyless: dict[str, bytes | None] = {}
+
+        def keep_sending() -> None:
+            while not stop.is_set():
+                keyless.update(_send(spool, topic, 200, keyed=False))
+                time.sleep(0.01)
+
+        sender = threading.Thread(target=keep_sending)
+        with caplog.at_level(logging.WARNING, logger="eventspool.sender.sender"):
+            sender.start()
+            time.sleep(6)
+            keyed = _send(spool, topic, 600, keyed=True)
+            time.sleep(1)
+            stop.set()
+            sender.join()
+            # Every keyless event is acknowledged while the two partitions have no leader.
+            rings = {ref.partition: ref.ring for ref in spool.queues()}
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                waiting = sum(rings[p].depth for p in range(PARTITIONS))
+                dead_depth = sum(rings[p].depth for p in dead)
+                if waiting == dead_depth:
+                    break
+                time.sleep(0.2)
+            assert sum(rings[p].depth for p in range(PARTITIONS) if p not in dead) == 0
+            assert 0 < sum(rings[p].depth for p in dead) <= len(keyed)
+        assert "keyless events" in caplog.text
+        assert spool.sender is not None
+        assert spool.sender.counters.failover_moved > 0
+        assert {q.partition for q in spool.sender.stalled_queues()} <= set(dead)
+        cluster.broker_up(3)
+        for partition in dead:
+            cluster.set_leader(topic, partition, 3)
+        assert spool.flush(30) == 0
+        assert spool.sender.stalled_queues() == []
+    sent |= keyless | keyed
+    seen = _read_all(cluster.bootstrap_servers, topic, set(sent))
+    assert set(sent) <= seen.keys()
+    moved_late = [e for e in keyless if set(seen[e]) & set(dead)]
+    assert len(moved_late) < len(keyless) / 2
+
+
+def test_a_queue_that_cannot_advance_is_reported_stalled_and_recovers(
+    cluster: MockCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = _topic(cluster)
+    cluster.set_leader(topic, 0, None)
+    key = next(k for i in range(1000) if partition_for_key(k := f"k{i}".encode(), PARTITIONS) == 0)
+    with Spool(tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST) as spool:
+        with caplog.at_level(logging.ERROR, logger="eventspool.sender.sender"):
+            event_id = spool.send(topic, b"x", key=key)
+            assert spool.flush(5) == 1
+            deadline = time.monotonic() + 10
+            assert spool.sender is not None
+            while not spool.sender.stalled_queues() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            (stalled,) = spool.sender.stalled_queues()
+        assert (stalled.topic, stalled.partition, stalled.depth) == (topic, 0, 1)
+        assert "has not advanced" in caplog.text
+        cluster.set_leader(topic, 0, 1)
+        assert spool.flush(30) == 0
+        time.sleep(1)
+        assert spool.sender.stalled_queues() == []
+    assert event_id in _read_all(cluster.bootstrap_servers, topic, {event_id})
