@@ -146,6 +146,25 @@ class SpoolCollector(Collector):
                 "Queue rewinds after a transient delivery failure.",
                 value=sender.counters.retried_batches,
             )
+            yield CounterMetricFamily(
+                "eventspool_producer_resets",
+                "New producers after a fatal error or lasting producer-state errors.",
+                value=sender.counters.producer_resets,
+            )
+            yield CounterMetricFamily(
+                "eventspool_failover_moved",
+                "Keyless events moved off a partition without an available leader.",
+                value=sender.counters.failover_moved,
+            )
+            stalled = GaugeMetricFamily(
+                "eventspool_queue_stalled_seconds",
+                "How long a queue holding events has not advanced (only stalled queues).",
+                labels=labels,
+            )
+            for queue in sender.stalled_queues():
+                partition = "pending" if queue.partition is None else str(queue.partition)
+                stalled.add_metric([queue.topic, partition], queue.stalled_s)
+            yield stalled
         for name, value in self._extra().items():
             yield CounterMetricFamily(f"eventspool_{name}", name.replace("_", " "), value=value)
         for name, (documentation, label, values) in self._labelled().items():

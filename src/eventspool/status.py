@@ -51,6 +51,12 @@ def render_status(before: dict[str, Any], after: dict[str, Any], interval: float
         f"delivered: {sender.get('delivered', 0)}   retried batches: "
         f"{sender.get('retried_batches', 0)}   last error: {sender.get('last_error') or '-'}"
     )
+    for queue in after.get("stalled") or []:
+        partition = "pending" if queue["partition"] is None else queue["partition"]
+        summary += (
+            f"\nSTALLED: {queue['topic']}/{partition} holds {queue['depth']} events and has "
+            f"not advanced for {queue['stalled_s']:.0f} s"
+        )
     budget = after.get("budget")
     if budget:
         summary += "\n" + _budget_line(budget)

@@ -14,7 +14,9 @@ So any language with an HTTP client (or `curl --unix-socket`) can send events:
     GET    /v1/exchanges[/{name}]  declarations, sources and counters
     DELETE /v1/exchanges/{name}  remove a runtime exchange
     GET  /metrics             Prometheus text format
-    GET  /healthz             {"status": "ok", "broker_connected": true|false}
+    GET  /healthz             200 {"status": "ok", "broker_connected": true|false}, or
+                              503 with "status" "stalled" (and "reason", "stalled") or
+                              "stopping"
 
 h11 parses the HTTP; this module only maps requests to the agent. Every event gets its
 own result; the response is 200 when all were spooled, else the status of the first
@@ -165,7 +167,9 @@ async def _route(
     if path == "/metrics" and method == "GET":
         return 200, b"text/plain; version=0.0.4; charset=utf-8", handlers.metrics()
     if path == "/healthz" and method == "GET":
-        return 200, b"application/json", json.dumps(handlers.health()).encode()
+        health = handlers.health()
+        code = 200 if health.get("status") == "ok" else 503
+        return code, b"application/json", json.dumps(health).encode()
     if path.startswith("/v1/topics/"):
         if method != "POST":
             return _json(405, {"error": f"{method} not allowed; use POST"})

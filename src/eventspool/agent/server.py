@@ -149,6 +149,7 @@ class AgentServer:
             "sender": asdict(sender.counters) if sender else None,
             "dead_letters": sender.dead_letters.count if sender else 0,
             "broker_connected": sender.connected if sender else False,
+            "stalled": [asdict(queue) for queue in sender.stalled_queues()] if sender else [],
             "protocol_errors": self.protocol_errors,
             "connections": len(self._connections),
             "budget": asdict(self.spool.budget()),
@@ -474,11 +475,23 @@ class AgentServer:
         )
 
     def health(self) -> dict[str, object]:
+        """`ok`, or why not: stopping, or queues that hold events and do not advance (a
+        wedge is never "ok", whatever the broker connection says)."""
         sender = self.spool.sender
-        return {
-            "status": "ok" if self.accepting else "stopping",
+        stalled = sender.stalled_queues() if sender else []
+        status = "stopping" if not self.accepting else "stalled" if stalled else "ok"
+        health: dict[str, object] = {
+            "status": status,
             "broker_connected": bool(sender and sender.connected),
         }
+        if stalled:
+            health["reason"] = (
+                f"{len(stalled)} queue(s) hold events and have not advanced for "
+                f"{min(q.stalled_s for q in stalled):.0f} s or more; last error: "
+                f"{sender.counters.last_error if sender else None}"
+            )
+            health["stalled"] = [asdict(queue) for queue in stalled]
+        return health
 
     def _send_all(self, request: SendRequest | PublishRequest) -> list[EventResult]:
         """Spool every event of one request, each with its own status."""
