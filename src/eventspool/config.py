@@ -135,10 +135,10 @@ class SenderSettings:
     their partitions within about that time, and counts the produce requests it sent.
 
     Nothing may wedge (docs/semantics.md):
-      - `producer_reset_after_s`: produce keeps failing with a producer-state error
-        (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH, UNKNOWN_PRODUCER_ID, e.g. after a broker
-        lost its state) this long with no success: a new producer takes over, as after a
-        fatal error.
+      - `producer_reset_after_s`: no event acknowledged this long while queues of
+        available partitions hold events and the brokers answer metadata (a broker that
+        lost its state fences the producer, and librdkafka retries that for ever): a new
+        producer takes over, as after a fatal error.
       - `partition_stuck_s`: a queue whose oldest in-flight event waited this long makes
         its partition unavailable to keyless events.
       - `keyless_failover_s`: keyless events queued on a partition unavailable this long
@@ -160,7 +160,7 @@ class SenderSettings:
     retry_backoff_s: float = 0.1
     retry_backoff_max_s: float = 5.0
     statistics_interval_ms: int = 1000
-    producer_reset_after_s: float = 5.0
+    producer_reset_after_s: float = 10.0
     partition_stuck_s: float = 5.0
     keyless_failover_s: float = 10.0
     stall_after_s: float = 30.0

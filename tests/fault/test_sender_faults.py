@@ -391,3 +391,40 @@ def test_events_for_a_new_topic_wait_out_an_outage_then_create_it_and_arrive(
         proxied_broker.bootstrap_servers, topic, NEW_TOPIC_PARTITIONS, set(ids)
     )
     assert consumed.ids == set(ids), f"missing {len(set(ids) - consumed.ids)} of {len(ids)}"
+
+
+# ---- d. a broker restarted with its state lost ---------------------------------------
+
+RESTART_EVENTS = 3_000
+
+
+def test_a_broker_restarted_without_its_state_gets_every_unacknowledged_event(
+    tmp_path: Path,
+) -> None:
+    """tansu keeps everything in memory: restarted on the same port, it knows neither the
+    topic nor the producer's id, and fences every produce of the old producer. The sender
+    must get past that by itself, without a restart of the process."""
+    old = LocalBroker(tmp_path / "old")
+    old.start()
+    port = old.port
+    topic = "outlives-its-broker"
+    create_topic(old.bootstrap_servers, topic, 4)
+    settings = SenderSettings(producer_reset_after_s=2.0, metadata_refresh_s=2.0)
+    with Spool(tmp_path / "spool", old.bootstrap_servers, sender_settings=settings) as spool:
+        for i in range(RESTART_EVENTS):
+            spool.send(topic, b"before %d" % i, b"key-%d" % (i % 31))
+        assert spool.flush(30) == 0
+        old.stop()
+        waiting = [spool.send(topic, b"down %d" % i, b"key-%d" % (i % 31)) for i in range(500)]
+        with LocalBroker(tmp_path / "new", port=port) as new:
+            create_topic(new.bootstrap_servers, topic, 4)
+            waiting += [
+                spool.send(topic, b"after %d" % i, b"key-%d" % (i % 31))
+                for i in range(RESTART_EVENTS)
+            ]
+            remaining = spool.flush(60)
+            assert remaining == 0, f"{remaining} events unacknowledged 60 s after the restart"
+            assert spool.sender is not None
+            assert not spool.sender.stalled_queues()
+            consumed = consume_event_ids(new.bootstrap_servers, topic, 4, set(waiting))
+    assert consumed.ids >= set(waiting), f"lost {len(set(waiting) - consumed.ids)}"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from eventspool.broker.console import run_console
 from eventspool.broker.local import BrokerError, start_detached, status, stop_detached
 
 STATE_DIR_ENV_VAR = "EVENTSPOOL_STATE_DIR"
@@ -22,9 +23,23 @@ _state_dir_option = click.option(
 )
 
 
-@click.group(name="broker")
-def broker() -> None:
-    """Run a local in-memory Kafka-compatible broker (tansu) in the background."""
+@click.group(name="broker", invoke_without_command=True)
+@click.option(
+    "--brokers",
+    type=click.IntRange(min=1),
+    help="Run a cluster of this many brokers (librdkafka's mock cluster) in the foreground, "
+    "with a console to move leaders, take brokers down and inject errors.",
+)
+@click.pass_context
+def broker(context: click.Context, brokers: int | None) -> None:
+    """Run a local in-memory Kafka-compatible broker (tansu) in the background, or with
+    --brokers N a multi-broker cluster in the foreground to try failovers by hand."""
+    if brokers is not None:
+        if context.invoked_subcommand is not None:
+            raise click.UsageError("--brokers runs a cluster of its own; give no subcommand")
+        run_console(brokers)
+    elif context.invoked_subcommand is None:
+        click.echo(context.get_help())
 
 
 @broker.command()

@@ -22,19 +22,3 @@ PERMANENT_CODES = frozenset(
 
 def is_permanent(error: KafkaError) -> bool:
     return error.code() in PERMANENT_CODES
-
-
-# The broker no longer knows this producer's id or epoch (it lost its state, or another
-# producer took the id over). librdkafka fails the delivery without a fatal error, and
-# every retry by the same producer fails the same way: only a new producer gets through.
-PRODUCER_STATE_CODES = frozenset(
-    {
-        KafkaError.PRODUCER_FENCED,
-        KafkaError.INVALID_PRODUCER_EPOCH,
-        KafkaError.UNKNOWN_PRODUCER_ID,
-    }
-)
-
-
-def is_producer_state(error: KafkaError) -> bool:
-    return error.code() in PRODUCER_STATE_CODES

@@ -15,10 +15,12 @@ the oldest sequence in flight, accounts a success itself and hands a failure to
 produce() raises stays here.
 
 Nothing wedges. A fatal producer error (librdkafka's idempotent producer gives up for
-good, e.g. on a sequence desynchronization after a broker restart), or producer-state
-errors that outlast `producer_reset_after_s`, make the sender drop its producer, rewind
-every queue to its acknowledged position and go on with a new one: events in flight
-then may arrive twice. Partition health (health.py) steers keyless events away from
+good, e.g. on a sequence desynchronization after a broker restart), or no acknowledgement
+at all for `producer_reset_after_s` while queues of available partitions hold events and
+the brokers answer metadata (a broker that lost its state fences the producer: PRODUCER_FENCED,
+UNKNOWN_PRODUCER_ID, which librdkafka retries for ever), make the sender drop its
+producer, rewind every queue to its acknowledged position and go on with a new one:
+events in flight then may arrive twice. Partition health (health.py) steers keyless events away from
 partitions without a working leader and moves those already queued there. A queue that
 holds events and has not advanced for `stall_after_s` is reported, never silent.
 """
@@ -39,7 +41,7 @@ from eventspool._core.native import AckTracker, Deliveries
 from eventspool.clock import Clock
 from eventspool.config import KafkaConfigValue, SenderSettings
 from eventspool.sender.deadletter import DeadLetter, DeadLetterFile
-from eventspool.sender.errors import is_permanent, is_producer_state
+from eventspool.sender.errors import is_permanent
 from eventspool.sender.health import PartitionHealth, parse_statistics
 from eventspool.sender.metadata import MetadataClient
 from eventspool.spool.registry import QueueRef, QueueRegistry
@@ -167,7 +169,7 @@ class Sender:
         self._next_watch = 0.0
         self._health = PartitionHealth(clock)
         self._fatal: KafkaError | None = None
-        self._state_errors_since: float | None = None
+        self._last_ack = clock.monotonic()  # or the last moment there was nothing to ack
         self._progress: dict[RingQueue, tuple[int, float]] = {}
         self._stalled: set[RingQueue] = set()
         self.moves = 0  # failover moves so far: Spool.flush() then looks at the new rings
@@ -237,15 +239,19 @@ class Sender:
         if now < self._next_watch and self._fatal is None:
             return
         self._next_watch = now + _WATCH_INTERVAL_S
+        if not any(
+            state.ref.ring.depth
+            and not state.parked
+            and not self._health.unavailable_for((state.ref.topic, state.partition))
+            for state in self._queues.values()
+        ):
+            self._last_ack = now  # nothing the producer could have delivered
         if self._fatal is not None:
             self._replace_producer(f"fatal producer error: {self._fatal.str()}")
-        elif (
-            self._state_errors_since is not None
-            and now - self._state_errors_since >= self._settings.producer_reset_after_s
-        ):
+        elif self.connected and now - self._last_ack >= self._settings.producer_reset_after_s:
             self._replace_producer(
-                f"every produce failed with a producer-state error for "
-                f"{now - self._state_errors_since:.0f} s ({self.counters.last_error})"
+                f"no event acknowledged for {now - self._last_ack:.0f} s while the brokers "
+                f"answer (last error: {self.counters.last_error})"
             )
         stuck = [
             (state.ref.topic, state.partition)
@@ -285,7 +291,7 @@ class Sender:
             state.ref.ring.rewind()
         self._queues.clear()
         self._fatal = None
-        self._state_errors_since = None
+        self._last_ack = self._clock.monotonic()
         self._next_refresh = 0.0
 
     def _apply_health(self) -> None:
@@ -526,8 +532,6 @@ class Sender:
             self._settled(state, seq)
             return
         self.counters.last_error = str(error)
-        if is_producer_state(error) and self._state_errors_since is None:
-            self._state_errors_since = self._clock.monotonic()
         state.tracker.failed_transiently()
 
     def _settled(self, state: _QueueState, seq: int) -> None:
@@ -548,7 +552,7 @@ class Sender:
             if deliveries.delivered:
                 self.counters.delivered += deliveries.delivered
                 deliveries.delivered = 0
-                self._state_errors_since = None
+                self._last_ack = now
         for state in self._advanced:
             state.ref.ring.ack(state.tracker.acked_until - 1)
         self._advanced.clear()
