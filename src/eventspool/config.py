@@ -138,7 +138,9 @@ class SenderSettings:
       - `producer_reset_after_s`: no event acknowledged this long while queues of
         available partitions hold events and the brokers answer metadata (a broker that
         lost its state fences the producer, and librdkafka retries that for ever): a new
-        producer takes over, as after a fatal error.
+        producer takes over, as after a fatal error. Each reset that brings no
+        acknowledgement doubles the wait, up to 5 minutes, so a cluster that is only slow
+        does not get a new producer every few seconds.
       - `partition_stuck_s`: a queue whose oldest in-flight event waited this long makes
         its partition unavailable to keyless events.
       - `keyless_failover_s`: keyless events queued on a partition unavailable this long

@@ -8,6 +8,8 @@ a retried batch may be appended twice: these tests judge loss, never duplicates.
 from __future__ import annotations
 
 import logging
+import os
+import random
 import threading
 import time
 import uuid
@@ -22,6 +24,7 @@ from eventspool.config import SenderSettings
 from eventspool.spool.api import Spool
 from eventspool.spool.partitioner import partition_for_key
 from eventspool.verify import header_event_id
+from tests.fault.children import LineReader, run_and_kill
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
@@ -105,12 +108,14 @@ def test_produce_that_keeps_failing_on_producer_state_gets_a_new_producer(
     cluster: MockCluster, tmp_path: Path
 ) -> None:
     """A broker that lost its state answers PRODUCER_FENCED to every produce of the
-    producer it no longer knows; the same producer would retry for ever."""
+    producer it no longer knows; the same producer would retry for ever. The mock fences
+    whichever producer asks, so the errors injected last a few seconds, past
+    `producer_reset_after_s` (1 s here), not for ever."""
     topic = _topic(cluster)
     with Spool(tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST) as spool:
         sent = _send(spool, topic, 1_000, keyed=True)
         assert spool.flush(30) == 0
-        cluster.push_request_errors(ApiKey.PRODUCE, [KafkaError.PRODUCER_FENCED] * 200)
+        cluster.push_request_errors(ApiKey.PRODUCE, [KafkaError.PRODUCER_FENCED] * 40)
         sent |= _send(spool, topic, 5_000, keyed=True)
         assert spool.flush(30) == 0
         assert spool.sender is not None
@@ -200,3 +205,63 @@ def test_a_queue_that_cannot_advance_is_reported_stalled_and_recovers(
         time.sleep(1)
         assert spool.sender.stalled_queues() == []
     assert event_id in _read_all(cluster.bootstrap_servers, topic, {event_id})
+
+
+def test_a_broker_added_and_given_the_leaders_is_learnt_from_metadata(
+    cluster: MockCluster, tmp_path: Path
+) -> None:
+    topic = _topic(cluster)
+    with Spool(tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST) as spool:
+        sent = _send(spool, topic, 3_000, keyed=True)
+        assert spool.flush(30) == 0
+        cluster.add_broker(4)
+        for partition in range(PARTITIONS):
+            cluster.set_leader(topic, partition, 4)
+        sent |= _send(spool, topic, 3_000, keyed=True)
+        assert spool.flush(30) == 0
+    seen = _read_all(cluster.bootstrap_servers, topic, set(sent))
+    assert set(sent) <= seen.keys()
+
+
+def test_a_slow_broker_delays_but_loses_nothing(cluster: MockCluster, tmp_path: Path) -> None:
+    """500 ms for every answer of broker 2, on the default settings: no new producer."""
+    topic = _topic(cluster)
+    cluster.set_rtt(2, 500)
+    with Spool(tmp_path / "spool", cluster.bootstrap_servers) as spool:
+        sent = _send(spool, topic, 3_000, keyed=True)
+        assert spool.flush(30) == 0
+        assert spool.sender is not None
+        assert spool.sender.counters.producer_resets == 0
+    seen = _read_all(cluster.bootstrap_servers, topic, set(sent))
+    assert set(sent) <= seen.keys()
+
+
+KILLS = 4
+
+
+def test_a_sigkill_in_the_middle_of_a_leader_move_loses_nothing(
+    cluster: MockCluster, tmp_path: Path
+) -> None:
+    """The sending process dies while leaders move; each restart drains what it left."""
+    topic = _topic(cluster)
+    rng = random.Random()
+    directory = tmp_path / "spool"
+    reported: list[str] = []
+
+    def move_leaders_then_wait(reader: LineReader, _: object) -> None:
+        time.sleep(rng.uniform(0.2, 0.6))
+        for partition in range(PARTITIONS):
+            cluster.set_leader(topic, partition, rng.randint(1, 3))
+        time.sleep(rng.uniform(0.0, 0.3))
+
+    for _ in range(KILLS):
+        args = [os.fspath(directory), cluster.bootstrap_servers, topic, str(PARTITIONS)]
+        args += ["2000", "5000", str(rng.getrandbits(32))]
+        report = run_and_kill("tests.fault.sender_child", args, until=move_leaders_then_wait)
+        reported.extend(report.lines)
+    assert reported
+    with Spool(directory, cluster.bootstrap_servers, sender_settings=FAST) as spool:
+        assert spool.flush(30) == 0
+    seen = _read_all(cluster.bootstrap_servers, topic, set(reported))
+    missing = set(reported) - seen.keys()
+    assert not missing, f"{len(missing)} of {len(reported)} acknowledged events lost"

@@ -54,6 +54,7 @@ _UNKNOWN_TOPIC_RETRY_S = 1.0
 _ENVELOPE_OVERHEAD = 4096
 _READ_BATCH_BYTES = 1 << 20
 _WATCH_INTERVAL_S = 0.5
+_MAX_RESET_AFTER_S = 300.0
 
 # (sequence, key, value, create time ms, headers); headers None: undecodable payload.
 KafkaRecord = tuple[
@@ -170,6 +171,7 @@ class Sender:
         self._health = PartitionHealth(clock)
         self._fatal: KafkaError | None = None
         self._last_ack = clock.monotonic()  # or the last moment there was nothing to ack
+        self._reset_after_s = settings.producer_reset_after_s  # doubles while resets fail
         self._progress: dict[RingQueue, tuple[int, float]] = {}
         self._stalled: set[RingQueue] = set()
         self.moves = 0  # failover moves so far: Spool.flush() then looks at the new rings
@@ -248,11 +250,12 @@ class Sender:
             self._last_ack = now  # nothing the producer could have delivered
         if self._fatal is not None:
             self._replace_producer(f"fatal producer error: {self._fatal.str()}")
-        elif self.connected and now - self._last_ack >= self._settings.producer_reset_after_s:
+        elif self.connected and now - self._last_ack >= self._reset_after_s:
             self._replace_producer(
-                f"no event acknowledged for {now - self._last_ack:.0f} s while the brokers "
-                f"answer (last error: {self.counters.last_error})"
+                f"no event acknowledged for {now - self._last_ack:.0f} s while the brokers answer"
             )
+            # A cluster that is only slow must not see a new producer every few seconds.
+            self._reset_after_s = min(self._reset_after_s * 2, _MAX_RESET_AFTER_S)
         stuck = [
             (state.ref.topic, state.partition)
             for state in self._queues.values()
@@ -275,9 +278,10 @@ class Sender:
         self._apply_acks()
         in_flight = sum(state.tracker.in_flight for state in self._queues.values())
         log.error(
-            "sender: %s; starting a new producer and resending the %d events in flight "
-            "(some may arrive twice)",
+            "sender: %s (last error: %s); starting a new producer and resending the %d "
+            "events in flight (some may arrive twice)",
             reason,
+            self.counters.last_error,
             in_flight,
         )
         self.counters.producer_resets += 1
@@ -553,6 +557,7 @@ class Sender:
                 self.counters.delivered += deliveries.delivered
                 deliveries.delivered = 0
                 self._last_ack = now
+                self._reset_after_s = self._settings.producer_reset_after_s
         for state in self._advanced:
             state.ref.ring.ack(state.tracker.acked_until - 1)
         self._advanced.clear()
