@@ -57,6 +57,8 @@ def render_status(before: dict[str, Any], after: dict[str, Any], interval: float
             f"\nSTALLED: {queue['topic']}/{partition} holds {queue['depth']} events and has "
             f"not advanced for {queue['stalled_s']:.0f} s"
         )
+    for topic, problems in sorted((after.get("topic_warnings") or {}).items()):
+        summary += f"\nWARNING: topic {topic} may lose acknowledged events: {'; '.join(problems)}"
     budget = after.get("budget")
     if budget:
         summary += "\n" + _budget_line(budget)

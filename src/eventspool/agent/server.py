@@ -150,6 +150,7 @@ class AgentServer:
             "dead_letters": sender.dead_letters.count if sender else 0,
             "broker_connected": sender.connected if sender else False,
             "stalled": [asdict(queue) for queue in sender.stalled_queues()] if sender else [],
+            "topic_warnings": dict(sender.topic_warnings) if sender else {},
             "protocol_errors": self.protocol_errors,
             "connections": len(self._connections),
             "budget": asdict(self.spool.budget()),

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
+
+# confluent_kafka.admin re-exports these without declaring them, which mypy --strict rejects.
+from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from eventspool.config import KafkaConfigValue, SenderSettings
@@ -25,6 +29,7 @@ log = logging.getLogger(__name__)
 class TopicLayout:
     partition_count: int
     leaders: Mapping[int, int]  # partition -> leader broker id, -1 for none
+    replication: int  # the fewest replicas any partition has
 
 
 class MetadataClient:
@@ -47,11 +52,31 @@ class MetadataClient:
             return None
         return {
             name: TopicLayout(
-                len(topic.partitions), {p.id: p.leader for p in topic.partitions.values()}
+                len(topic.partitions),
+                {p.id: p.leader for p in topic.partitions.values()},
+                min(len(p.replicas) for p in topic.partitions.values()),
             )
             for name, topic in metadata.topics.items()
             if topic.error is None and topic.partitions
         }
+
+    def topic_configs(self, names: list[str]) -> dict[str, dict[str, str] | None]:
+        """Each topic's settings by DescribeConfigs; None for a topic the cluster did not
+        describe (some Kafka-compatible brokers answer nothing, or time out)."""
+        admin = AdminClient(self._admin_config)
+        timeout = self._settings.metadata_timeout_s
+        resources = [ConfigResource(ResourceType.TOPIC, name) for name in names]
+        configs: dict[str, dict[str, str] | None] = {}
+        for resource, future in admin.describe_configs(resources, request_timeout=timeout).items():
+            try:
+                entries = future.result(timeout)
+            except (KafkaException, TimeoutError) as exc:
+                log.debug("DescribeConfigs of %s failed: %s", resource.name, exc)
+                configs[resource.name] = None
+                continue
+            values = {key: str(entry.value) for key, entry in entries.items()}
+            configs[resource.name] = values or None
+        return configs
 
     def create_topics(self, names: list[str]) -> None:
         """Create missing topics; one that already exists (a race with another client) is fine."""

@@ -44,6 +44,7 @@ from eventspool.sender.deadletter import DeadLetter, DeadLetterFile
 from eventspool.sender.errors import is_permanent
 from eventspool.sender.health import PartitionHealth, parse_statistics
 from eventspool.sender.metadata import MetadataClient
+from eventspool.sender.topicsettings import durability_problems
 from eventspool.spool.registry import QueueRef, QueueRegistry
 from eventspool.spool.ring import RingQueue
 
@@ -175,6 +176,10 @@ class Sender:
         self._progress: dict[RingQueue, tuple[int, float]] = {}
         self._stalled: set[RingQueue] = set()
         self.moves = 0  # failover moves so far: Spool.flush() then looks at the new rings
+        # Topics whose settings cannot keep an acknowledged event, with why (topicsettings.py).
+        self.topic_warnings: dict[str, list[str]] = {}
+        self._settings_checked: set[str] = set()
+        self._configs_unreadable_logged = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="eventspool-sender", daemon=True)
         self.connected = False
@@ -298,6 +303,27 @@ class Sender:
         self._last_ack = self._clock.monotonic()
         self._next_refresh = 0.0
 
+    def _check_topic_settings(self, topic: str, replication: int) -> None:
+        """Once per topic, off the sender's loop (DescribeConfigs may take its timeout):
+        warn when the cluster cannot keep what it acknowledges."""
+        try:
+            configs = self._metadata.topic_configs([topic]).get(topic)
+        except KafkaException as exc:
+            log.debug("cannot describe topic %s: %s", topic, exc)
+            configs = None
+        if configs is None and not self._configs_unreadable_logged:
+            self._configs_unreadable_logged = True
+            log.warning(
+                "the brokers do not describe topic settings (DescribeConfigs): "
+                "min.insync.replicas and unclean.leader.election.enable are not checked"
+            )
+        problems = durability_problems(replication, configs)
+        if problems:
+            self.topic_warnings[topic] = problems
+            log.warning(
+                "topic %s may lose events the broker acknowledged: %s", topic, "; ".join(problems)
+            )
+
     def _apply_health(self) -> None:
         """Tell each topic's partitioner which partitions keyless events may go to."""
         for topic in self._registry.topics():
@@ -403,6 +429,14 @@ class Sender:
                 continue
             self._registry.set_partition_count(topic.name, layout.partition_count)
             self._health.set_leaders(topic.name, layout.leaders)
+            if topic.name not in self._settings_checked:
+                self._settings_checked.add(topic.name)
+                threading.Thread(
+                    target=self._check_topic_settings,
+                    args=(topic.name, layout.replication),
+                    name="eventspool-topic-settings",
+                    daemon=True,
+                ).start()
         self._apply_health()
         if missing and self._settings.create_topics:
             self._metadata.create_topics(missing)
