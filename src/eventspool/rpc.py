@@ -286,6 +286,12 @@ class RpcClient:
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise RpcError(f"cannot create reply topic {self.reply_topic!r}: {exc}") from exc
+        except TimeoutError:
+            raise RpcError(
+                f"cannot create reply topic {self.reply_topic!r}: no answer to CreateTopics "
+                f"from {self._bootstrap} in {_SETUP_TIMEOUT_S:.0f} s; create a topic and pass "
+                "it as reply_topic"
+            ) from None
 
     def _end_of_reply_topic(self) -> list[TopicPartition]:
         """Every partition at its current end, as explicit offsets: a symbolic 'end' is
