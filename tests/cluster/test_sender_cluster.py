@@ -71,6 +71,15 @@ def _read_all(
     return seen
 
 
+def _assert_each_key_in_one_partition(
+    sent: dict[str, bytes | None], seen: dict[str, Counter[int]]
+) -> None:
+    partition_of_key: dict[bytes | None, set[int]] = defaultdict(set)
+    for event_id, key in sent.items():
+        partition_of_key[key].update(seen[event_id])
+    assert all(len(partitions) == 1 for partitions in partition_of_key.values())
+
+
 def _send(spool: Spool, topic: str, count: int, *, keyed: bool) -> dict[str, bytes | None]:
     """Send `count` events; returns event_id -> key."""
     sent: dict[str, bytes | None] = {}
@@ -98,10 +107,7 @@ def test_a_fatal_producer_error_gets_a_new_producer_and_loses_nothing(
         assert spool.flush(30) == 0
     seen = _read_all(cluster.bootstrap_servers, topic, set(sent))
     assert set(sent) <= seen.keys()
-    partition_of_key: dict[bytes | None, set[int]] = defaultdict(set)
-    for event_id, key in sent.items():
-        partition_of_key[key].update(seen[event_id])
-    assert all(len(partitions) == 1 for partitions in partition_of_key.values())
+    _assert_each_key_in_one_partition(sent, seen)
 
 
 def test_produce_that_keeps_failing_on_producer_state_gets_a_new_producer(
@@ -265,3 +271,40 @@ def test_a_sigkill_in_the_middle_of_a_leader_move_loses_nothing(
     seen = _read_all(cluster.bootstrap_servers, topic, set(reported))
     missing = set(reported) - seen.keys()
     assert not missing, f"{len(missing)} of {len(reported)} acknowledged events lost"
+
+
+def test_keyed_events_survive_leader_moves_a_broker_loss_and_injected_errors(
+    cluster: MockCluster, tmp_path: Path
+) -> None:
+    """The first row of the cluster report: 60,000 keyed events while every leader moves,
+    a broker is down for 5 s with its leaders re-elected, and produce requests are
+    answered NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS and REQUEST_TIMED_OUT."""
+    topic = _topic(cluster)
+    sent: dict[str, bytes | None] = {}
+    with Spool(tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST) as spool:
+        sent |= _send(spool, topic, 15_000, keyed=True)
+        for partition in range(PARTITIONS):
+            cluster.set_leader(topic, partition, (partition + 1) % 3 + 1)
+        cluster.push_request_errors(
+            ApiKey.PRODUCE,
+            [
+                KafkaError.NOT_LEADER_FOR_PARTITION,
+                KafkaError.NOT_ENOUGH_REPLICAS,
+                KafkaError.REQUEST_TIMED_OUT,
+            ]
+            * 4,
+        )
+        sent |= _send(spool, topic, 15_000, keyed=True)
+        cluster.broker_down(2)
+        for partition in range(PARTITIONS):
+            cluster.set_leader(topic, partition, 1 if partition % 2 else 3)
+        sent |= _send(spool, topic, 15_000, keyed=True)
+        time.sleep(5)
+        cluster.broker_up(2)
+        fault_cleared = time.monotonic()
+        sent |= _send(spool, topic, 15_000, keyed=True)
+        assert spool.flush(30) == 0
+        assert time.monotonic() - fault_cleared < 30
+    seen = _read_all(cluster.bootstrap_servers, topic, set(sent))
+    assert set(sent) <= seen.keys()
+    _assert_each_key_in_one_partition(sent, seen)
