@@ -11,6 +11,8 @@ import logging
 import logging.config
 import queue
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from logging.handlers import QueueHandler, QueueListener
@@ -271,3 +273,26 @@ def test_json_formatter_writes_what_json_cannot_hold_as_text() -> None:
     record = logging.makeLogRecord({"msg": "at", "where": Path("/x"), "when": {1, 2}})
     fields = json.loads(JsonFormatter().format(record))
     assert fields["extra"] == {"where": "/x", "when": "{1, 2}"}
+
+
+def test_dict_config_names_the_handlers_in_a_fresh_interpreter(tmp_path: Path) -> None:
+    """As a user's logging config does: nothing imported but `logging.config`, so the
+    class path alone must resolve (it did not while `eventspool.logging` was shadowed)."""
+    script = (
+        "import logging, logging.config, sys\n"
+        "logging.config.dictConfig({'version': 1, 'handlers': {'spool': {"
+        "'class': 'eventspool.logging.SpoolHandler', 'spool': sys.argv[1], "
+        "'topic': 'app-logs'}}, 'root': {'handlers': ['spool'], 'level': 'INFO'}})\n"
+        "logging.getLogger('app').info('configured')\n"
+        "logging.shutdown()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "spool")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    with Spool(tmp_path / "spool") as spool:
+        assert spool.unacknowledged() == 1

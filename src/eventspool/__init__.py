@@ -1,6 +1,8 @@
 """eventspool: hand an event to a durable local spool and go on; a sender ships it to Kafka."""
 
-import logging
+# Not bound as `logging`: that name is our submodule's, and logging.config's dictConfig
+# resolves "eventspool.logging.SpoolHandler" by attribute before it imports.
+import logging as _stdlib_logging
 
 from eventspool.config import Durability, FullPolicy, QueueSettings, SpoolSettings
 from eventspool.errors import (
@@ -42,4 +44,4 @@ __all__ = [
 ]
 
 # A library logs; the application decides where that goes (no lastResort output).
-logging.getLogger("eventspool").addHandler(logging.NullHandler())
+_stdlib_logging.getLogger("eventspool").addHandler(_stdlib_logging.NullHandler())
