@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from eventspool.agent.config import ConfigError, load_agent_config
+from eventspool.agent.http import BadRequestError, parse_event
 from eventspool.agent.service import run
 from eventspool.broker.cli import broker
 from eventspool.client.sync import AgentError, Client
@@ -191,7 +192,8 @@ def agent(config_path: Path | None, adopted: tuple[Path, ...], verbose: bool) ->
     "--json",
     "json_lines",
     is_flag=True,
-    help='Each line is {"value": ..., "key": ..., "headers": {...}} instead of a plain value.',
+    help='Each line is one event object, as the HTTP interface takes it: {"value": "text", '
+    '"key": "text", "headers": {"name": "text"}} (value_b64/key_b64 for bytes, event_id).',
 )
 def send(topic: str, socket_path: Path, json_lines: bool) -> None:
     """Send each line of standard input to TOPIC through the agent; print the event ids."""
@@ -203,19 +205,13 @@ def send(topic: str, socket_path: Path, json_lines: bool) -> None:
                 continue
             try:
                 if json_lines:
-                    event = json.loads(line)
-                    if not isinstance(event, dict):
-                        raise ValueError("a JSON line must be an object")
-                    value = event.get("value")
+                    event = parse_event(json.loads(line), number)
                     event_id = client.send(
-                        topic,
-                        None if value is None else str(value).encode(),
-                        key=event.get("key"),
-                        headers=event.get("headers"),
+                        topic, event.value, event.key, event.headers, event_id=event.event_id
                     )
                 else:
                     event_id = client.send(topic, line.encode())
-            except (ValueError, EventspoolError) as exc:
+            except (ValueError, BadRequestError, EventspoolError) as exc:
                 failed += 1
                 click.echo(f"line {number}: {exc}", err=True)
                 continue

@@ -175,7 +175,7 @@ async def _route(
             return _json(405, {"error": f"{method} not allowed; use POST"})
         topic = path.removeprefix("/v1/topics/")
         try:
-            events = [_parse_event(item, index) for index, item in _event_items(body)]
+            events = [parse_event(item, index) for index, item in _event_items(body)]
         except BadRequestError as exc:
             return _json(400, {"error": str(exc)})
         return _results(await handlers.send(SendRequest(topic, events)))
@@ -196,7 +196,7 @@ async def _route_exchange(
             try:
                 items = _event_items(body)
                 events = [
-                    RoutedEvent(_routing_key(item, index), _parse_event(item, index, routed=True))
+                    RoutedEvent(_routing_key(item, index), parse_event(item, index, routed=True))
                     for index, item in items
                 ]
             except BadRequestError as exc:
@@ -265,7 +265,10 @@ def _routing_key(item: Any, index: int) -> str:
     return routing_key
 
 
-def _parse_event(item: Any, index: int, *, routed: bool = False) -> WireEvent:
+def parse_event(item: Any, index: int, *, routed: bool = False) -> WireEvent:
+    """One event object of the JSON interface (HTTP bodies, `eventspool send --json`):
+    value and key are text (or base64 in `value_b64`, `key_b64`), headers an object of
+    strings. Anything else is a BadRequestError, never a repr sent as the value."""
     if not isinstance(item, dict):
         raise BadRequestError(f"event {index} is not a JSON object")
     unknown = set(item) - (_ROUTED_EVENT_FIELDS if routed else _EVENT_FIELDS)
