@@ -79,8 +79,9 @@ def normalize_headers(headers: HeadersInput | None) -> HeaderList | None:
         if name == EVENT_ID_HEADER:
             raise InvalidEventError(
                 f"header {EVENT_ID_HEADER!r} is eventspool's own: every event gets one with "
-                "the id send() returns, and Kafka would carry both; to choose the id, "
-                "pass send(..., event_id=...)"
+                "the id send() returns, and Kafka would carry both; to choose the id, give "
+                "the event's own event_id (send(..., event_id=...) in Python, the "
+                '"event_id" field of an HTTP or --json event object)'
             )
         try:
             encoded_name = name.encode()

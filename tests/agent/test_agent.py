@@ -35,8 +35,9 @@ from eventspool.agent.protocol import (
 from eventspool.broker import LocalBroker, find_free_port
 from eventspool.cli import main
 from eventspool.client.sync import AgentError, Client
+from eventspool.testing.agent import AgentProcess
 from eventspool.verify import consume_event_ids, ledger
-from tests.agent.conftest import AgentFactory
+from tests.agent.conftest import AgentFactory, call
 
 
 def test_events_sent_through_the_agent_reach_kafka(
@@ -283,6 +284,21 @@ def test_http_rejects_bad_bodies_with_clear_errors(agent_factory: AgentFactory) 
     code, answer = post('{"value": "x", "event_id": 17}')
     assert code == 400
     assert "event_id must be a string" in str(answer["error"])
+    code, answer = post('{"value": "x", "headers": {"event_id": "mine"}}')
+    assert code == 400
+    assert '"event_id" field of an HTTP' in str(answer)
+
+
+def test_an_agent_without_bootstrap_servers_says_it_only_spools(tmp_path: Path) -> None:
+    agent = AgentProcess(tmp_path, None)
+    try:
+        agent.start()
+        status, health = call(agent, "GET", "/healthz")
+    finally:
+        agent.stop()
+    assert status == 200
+    assert health["status"] == "spool_only"
+    assert "never sent to Kafka" in health["reason"]
 
 
 def test_status_shows_each_queue_and_the_broker(agent_factory: AgentFactory) -> None:

@@ -340,3 +340,19 @@ def test_close_while_a_writer_connects_leaves_no_connection_behind(
     assert client._connection is None
     readers = {t for t in threading.enumerate() if t.name == "eventspool-client-reader"}
     assert readers <= readers_before
+
+
+def test_no_agent_at_a_relative_socket_path_says_where_it_looked_and_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with (
+        Client(Path("spool") / "agent.sock", timeout=0.2) as client,
+        pytest.raises(AgentError, match="cannot connect to the agent") as raised,
+    ):
+        client.send("orders", b"x")
+    message = str(raised.value)
+    assert str(tmp_path / "spool" / "agent.sock") in message
+    assert "relative to the current folder" in message
+    assert "eventspool agent --config" in message
+    assert "EVENTSPOOL_AGENT_SOCKET" in message

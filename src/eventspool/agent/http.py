@@ -15,7 +15,8 @@ So any language with an HTTP client (or `curl --unix-socket`) can send events:
     DELETE /v1/exchanges/{name}  remove a runtime exchange
     GET  /metrics             Prometheus text format
     GET  /healthz             200 {"status": "ok", "broker_connected": true|false}, or
-                              503 with "status" "stalled" (and "reason", "stalled") or
+                              "spool_only" (no bootstrap_servers, with "reason"); 503
+                              with "status" "stalled" (and "reason", "stalled") or
                               "stopping"
 
 h11 parses the HTTP; this module only maps requests to the agent. Every event gets its
@@ -168,7 +169,7 @@ async def _route(
         return 200, b"text/plain; version=0.0.4; charset=utf-8", handlers.metrics()
     if path == "/healthz" and method == "GET":
         health = handlers.health()
-        code = 200 if health.get("status") == "ok" else 503
+        code = 200 if health.get("status") in ("ok", "spool_only") else 503
         return code, b"application/json", json.dumps(health).encode()
     if path.startswith("/v1/topics/"):
         if method != "POST":

@@ -481,10 +481,16 @@ class AgentServer:
         sender = self.spool.sender
         stalled = sender.stalled_queues() if sender else []
         status = "stopping" if not self.accepting else "stalled" if stalled else "ok"
+        if sender is None and self.accepting:
+            status = "spool_only"
         health: dict[str, object] = {
             "status": status,
             "broker_connected": bool(sender and sender.connected),
         }
+        if sender is None:
+            health["reason"] = (
+                "no [kafka] bootstrap_servers: events are spooled and never sent to Kafka"
+            )
         if stalled:
             health["reason"] = (
                 f"{len(stalled)} queue(s) hold events and have not advanced for "

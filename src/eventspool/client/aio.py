@@ -51,6 +51,7 @@ from eventspool.client.common import (
     Greeting,
     Outcome,
     Target,
+    connect_failure,
     event_payload,
     greeting_failure,
     parse_target,
@@ -371,8 +372,7 @@ class AsyncClient:
                 try:
                     connection = await self._connect()
                 except OSError as exc:
-                    reason = exc.strerror or str(exc) or type(exc).__name__
-                    self._connect_error = f"cannot connect to the agent: {reason}"
+                    self._connect_error = connect_failure(self._target, exc)
                     self._back_off()
                     continue
                 except EventspoolError as exc:  # refused: TLS, the token

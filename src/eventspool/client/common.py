@@ -240,6 +240,23 @@ def greeting_failure(exc: Exception, where: str, *, tls: bool) -> AgentError:
     return AgentError(f"{where}: {exc}")
 
 
+def connect_failure(target: Target, exc: OSError) -> str:
+    """Why a connection to the agent failed, and what to do about it."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if target.path is None:
+        return (
+            f"cannot connect to the agent at {target.text}: {reason}; is an agent "
+            "listening there (its [agent] tcp_listen setting)?"
+        )
+    where = os.path.abspath(target.path)
+    relative = "" if os.path.isabs(target.path) else ", relative to the current folder"
+    return (
+        f"cannot connect to the agent at {where} (socket path {target.path!r}{relative}): "
+        f"{reason}; start one with 'eventspool agent --config agent.toml', or give its "
+        "socket path (--socket, or EVENTSPOOL_AGENT_SOCKET)"
+    )
+
+
 def _hangup_hint(tls: bool) -> str:
     """Why an agent may hang up on a new TCP connection without a word."""
     if tls:

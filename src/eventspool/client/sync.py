@@ -86,6 +86,7 @@ from eventspool.client.common import (
     Greeting,
     Outcome,
     Target,
+    connect_failure,
     event_payload,
     greeting_failure,
     parse_target,
@@ -738,9 +739,7 @@ class Client:
                     max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S
                 )
                 if time.monotonic() + self._backoff > deadline:
-                    raise OSError(
-                        exc.errno, f"cannot connect to the agent: {exc.strerror or exc}"
-                    ) from exc
+                    raise OSError(exc.errno, connect_failure(self._target, exc)) from exc
                 continue
             break
         max_frame = max(self.max_frame_bytes, DEFAULT_MAX_FRAME)

@@ -32,13 +32,13 @@ class AgentProcess:
 
     `extra` is TOML placed after the [agent] keys: more of them, or whole tables such as
     [topics.NAME] or [exchanges.NAME]; `spool_keys` go into [spool]. `spool_dir` defaults
-    to `directory/spool`.
+    to `directory/spool`; without `bootstrap` the agent only spools.
     """
 
     def __init__(
         self,
         directory: Path,
-        bootstrap: str,
+        bootstrap: str | None,
         extra: str = "",
         socket_path: Path | None = None,
         *,
@@ -52,8 +52,8 @@ class AgentProcess:
         spool = "spool" if spool_dir is None else os.fspath(spool_dir)
         self.config.write_text(
             f'[agent]\nspool_dir = "{spool}"\nsocket = "{self.socket_path}"\n{extra}\n'
-            f'[kafka]\nbootstrap_servers = "{bootstrap}"\n'
-            f"[spool]\nmax_event_bytes = {max_event_bytes}\n{spool_keys}\n"
+            + ("" if bootstrap is None else f'[kafka]\nbootstrap_servers = "{bootstrap}"\n')
+            + f"[spool]\nmax_event_bytes = {max_event_bytes}\n{spool_keys}\n"
         )
         self.log = directory / "agent.log"
         self.process: subprocess.Popen[bytes] | None = None
