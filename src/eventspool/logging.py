@@ -112,10 +112,19 @@ class _Reports:
         self._suppressed = 0
         self._lock = threading.Lock()  # emitting threads and AgentHandler's shipper report
 
-    def report(self, record: logging.LogRecord, message: str, cause: BaseException | None) -> None:
+    def report(
+        self,
+        record: logging.LogRecord,
+        message: str,
+        cause: BaseException | None,
+        *,
+        final: bool = False,
+    ) -> None:
+        """Report a failure, unless one was reported within the interval; a `final` one
+        (records lost as the handler closes) always goes through."""
         with self._lock:
             now = self._clock.monotonic()
-            if now < self._next:
+            if now < self._next and not final:
                 self._suppressed += 1
                 return
             self._next = now + self._interval_s
@@ -338,7 +347,9 @@ class AgentHandler(logging.Handler):
                 self._emptied.wait(left)
 
     def close(self) -> None:
-        """Flush, stop the shipping thread and disconnect; what is left is reported lost."""
+        """Flush, stop the shipping thread and disconnect; what is left is reported lost,
+        always (it is the last word on those records), with how long close() waited."""
+        started = time.monotonic()
         try:
             self.flush()
             with self._buffer_lock:
@@ -352,9 +363,11 @@ class AgentHandler(logging.Handler):
             if left:
                 self._reports.report(
                     self._failure_record(),
-                    f"{left} log records still buffered for the agent at {self.socket_path} "
-                    "when the handler closed",
+                    f"{left} log records dropped: still buffered for the agent at "
+                    f"{self.socket_path} when the handler closed, after waiting "
+                    f"{time.monotonic() - started:.1f} s for it (timeout={self.timeout:g})",
                     None,
+                    final=True,
                 )
         finally:
             super().close()

@@ -155,3 +155,21 @@ def test_event_over_the_spool_limit_fails_at_send(broker: LocalBroker, tmp_path:
             spool.send("anything", b"z" * 2000)
         with pytest.raises(InvalidEventError, match="contains"):
             spool.send("bad topic!", b"z")
+
+
+def test_close_does_not_wait_for_brokers_that_do_not_answer(tmp_path: Path) -> None:
+    """Nothing listens at the bootstrap address: once the sender has seen that, close()
+    keeps the events for the next open instead of waiting out its timeout."""
+    nobody = f"127.0.0.1:{find_free_port()}"
+    spool = Spool(tmp_path, nobody)
+    for i in range(10):
+        spool.send("orders", b"kept %d" % i)
+    assert spool.sender is not None
+    deadline = time.monotonic() + 15
+    while not spool.sender.unreachable and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.monotonic()
+    spool.close(timeout=10)
+    assert time.monotonic() - started < 5
+    with Spool(tmp_path) as reopened:
+        assert reopened.unacknowledged() == 10

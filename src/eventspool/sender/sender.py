@@ -183,6 +183,8 @@ class Sender:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="eventspool-sender", daemon=True)
         self.connected = False
+        # The last metadata request went unanswered: waiting for acknowledgements is vain.
+        self.unreachable = False
         self._ever_connected = False
 
     def start(self) -> None:
@@ -414,11 +416,13 @@ class Sender:
         layouts = self._metadata.topics()
         if layouts is None:
             self.connected = False
+            self.unreachable = True
             self._next_refresh = now + _UNKNOWN_TOPIC_RETRY_S
             return
         if not self.connected and self._ever_connected:
             self.counters.reconnects += 1
         self.connected = self._ever_connected = True
+        self.unreachable = False
         missing = []
         for topic in self._registry.topics():
             if not topic.has_queues:  # being opened, or refused by the disk budget

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -27,6 +28,8 @@ from eventspool.spool.budget import BudgetUse
 from eventspool.spool.lock import OwnerLock
 from eventspool.spool.registry import QueueRef, QueueRegistry, TopicQueues
 from eventspool.spool.ring import RecoveryReport, RingQueue
+
+log = logging.getLogger(__name__)
 
 _FLUSH_POLL_S = 0.005
 
@@ -308,6 +311,8 @@ class Spool(SpoolFront):
         """Stop accepting events, wait up to `timeout` for in-flight acknowledgements, persist.
 
         Events not acknowledged by then stay in the spool and are sent after reopening.
+        With the brokers unreachable (the last metadata request went unanswered) there is
+        nothing to wait for, so close() does not.
         """
         if self._closed:
             return
@@ -316,7 +321,15 @@ class Spool(SpoolFront):
         self._routes.clear()
         try:
             if self.sender is not None:
-                self.flush(timeout)
+                left = self.unacknowledged() if self.sender.unreachable else self.flush(timeout)
+                if left:
+                    log.info(
+                        "closing with %d events not acknowledged by Kafka%s: they stay in %s "
+                        "and are sent once a spool with a sender opens it again",
+                        left,
+                        " (the brokers are unreachable)" if self.sender.unreachable else "",
+                        self.directory,
+                    )
                 self.sender.stop()
         finally:
             self._registry.close()
