@@ -40,6 +40,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from eventspool._core.native import AckTracker, Deliveries
 from eventspool.clock import Clock
 from eventspool.config import KafkaConfigValue, SenderSettings
+from eventspool.kafkalog import librdkafka_logger
 from eventspool.sender.deadletter import DeadLetter, DeadLetterFile
 from eventspool.sender.errors import is_permanent
 from eventspool.sender.health import PartitionHealth, parse_statistics
@@ -158,7 +159,7 @@ class Sender:
             "acks": "all",
             "message.timeout.ms": 0,
             "error_cb": self._on_error,
-            "logger": logging.getLogger("eventspool.librdkafka"),
+            "logger": librdkafka_logger(),
         }
         self._base_config = base
         self._producer = Producer(self._producer_config)
