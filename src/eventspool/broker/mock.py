@@ -13,9 +13,12 @@ What the mock cannot do, and so what a test on it cannot judge:
   - each partition log keeps at most 5 MiB (or 100,000 message sets);
   - no SSL or SASL, no CreateTopics or CreatePartitions (topics are created here, with
     `create_topic`, or on a client's first metadata request);
-  - a broker set down keeps its port: connects to it hang until librdkafka's
-    `socket.connection.setup.timeout.ms`, as they do to a host that died;
-  - `broker_down` does not move leaders: move them with `set_leader`.
+  - a broker set down refuses connections at once (with the librdkafka of
+    confluent-kafka 2.16; older mock brokers kept the port, so connects hung until
+    `socket.connection.setup.timeout.ms`, as they do to a host that died): a test of a
+    host that swallows connects needs `set_rtt` or a proxy, not `broker_down`;
+  - `broker_down` does not move leaders, nor the group coordinator: move them with
+    `set_leader` and `set_coordinator`, as a controller would.
 """
 
 from __future__ import annotations
