@@ -51,7 +51,11 @@ from eventspool.spool.ring import RingQueue
 
 log = logging.getLogger(__name__)
 
+# A round that found nothing to send waits in poll(): briefly while traffic is recent (a
+# new event waits at most that long before it is produced), longer once it has stopped.
+_BUSY_POLL_S = 0.001
 _IDLE_POLL_S = 0.01
+_BUSY_FOR_S = 0.2
 _UNKNOWN_TOPIC_RETRY_S = 1.0
 _ENVELOPE_OVERHEAD = 4096
 _READ_BATCH_BYTES = 1 << 20
@@ -170,6 +174,7 @@ class Sender:
         self._advanced: set[_QueueState] = set()
         self._next_refresh = 0.0
         self._next_watch = 0.0
+        self._produced_at = 0.0
         self._health = PartitionHealth(clock)
         self._fatal: KafkaError | None = None
         self._last_ack = clock.monotonic()  # or the last moment there was nothing to ack
@@ -228,7 +233,7 @@ class Sender:
             try:
                 self._refresh_metadata()
                 produced = self._produce_round()
-                self._producer.poll(0 if produced else _IDLE_POLL_S)
+                self._producer.poll(self._poll_timeout(produced))
                 self._apply_acks()
                 self._settle()
                 self._watch()
@@ -242,6 +247,13 @@ class Sender:
             except Exception:
                 log.exception("sender loop error; retrying")
                 self._stop.wait(self._settings.retry_backoff_s)
+
+    def _poll_timeout(self, produced: int) -> float:
+        now = self._clock.monotonic()
+        if produced:
+            self._produced_at = now
+            return 0.0
+        return _BUSY_POLL_S if now - self._produced_at < _BUSY_FOR_S else _IDLE_POLL_S
 
     def _watch(self) -> None:
         """Twice a second: replace a broken producer, judge partitions, report stalls."""
