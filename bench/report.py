@@ -45,6 +45,7 @@ ORDER = (
     "log_shipper",
     "logging_handler",
     "kill_loss",
+    "failover",
     "routing",
     "consumer",
     "spark_source",
