@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,7 +18,9 @@ import click
 from eventspool.agent.config import ConfigError, load_agent_config
 from eventspool.agent.http import BadRequestError, parse_event
 from eventspool.agent.service import run
+from eventspool.broker.address import bootstrap_servers_option, running_embedded_broker
 from eventspool.broker.cli import broker
+from eventspool.broker.local import BrokerError
 from eventspool.client.sync import AgentError, Client
 from eventspool.consumer import Consumer, ConsumerSettings, HandlerError, Ordering
 from eventspool.consumer.metrics import serve_metrics
@@ -26,6 +28,16 @@ from eventspool.errors import EventspoolError, SpoolLockedError
 from eventspool.spark.cli import pipeline
 from eventspool.spool.inspect import QueueReport, SpoolReport, inspect_spool
 from eventspool.status import render_status
+from eventspool.tail import (
+    DEFAULT_FORMAT,
+    Record,
+    Start,
+    compile_format,
+    parse_start,
+    read,
+    record_json,
+)
+from eventspool.topics import topic_ends
 
 # The same option on every command that talks to the agent, so they agree on the socket.
 _socket_option = click.option(
@@ -37,6 +49,27 @@ _socket_option = click.option(
     show_default=True,
     help="The agent's socket (env: EVENTSPOOL_AGENT_SOCKET).",
 )
+
+# The same option on every command that talks to Kafka itself.
+_kafka_option = click.option(
+    "--kafka",
+    "kafka_options",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="librdkafka setting (repeatable), e.g. --kafka security.protocol=SSL.",
+)
+
+
+def _kafka_settings(options: tuple[str, ...]) -> dict[str, str]:
+    """The --kafka NAME=VALUE options as librdkafka settings."""
+    kafka: dict[str, str] = {}
+    for option in options:
+        name, sep, value = option.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{option!r}: expected NAME=VALUE", param_hint="--kafka")
+        kafka[name] = value
+    return kafka
+
 
 # `consume` shows the library's own defaults, so the command and the API cannot drift apart.
 _CONSUMER_DEFAULTS = ConsumerSettings()
@@ -177,12 +210,29 @@ def agent(config_path: Path | None, adopted: tuple[Path, ...], verbose: bool) ->
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if config.bootstrap_servers is None:
+        _hint_embedded_broker()
     try:
         run(config, adopted)
     except SpoolLockedError as exc:
         raise click.ClickException(f"another agent is running: {exc}") from exc
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _hint_embedded_broker() -> None:
+    """A spool-only agent is a valid set-up, so it is never pointed at the embedded broker
+    behind its operator's back; but one that runs here is likely what was meant."""
+    try:
+        found = running_embedded_broker()
+    except BrokerError:
+        return
+    if found is not None:
+        logging.getLogger(__name__).warning(
+            "no kafka.bootstrap_servers: spooling only, sending nothing; to ship to the "
+            "embedded broker running here, set EVENTSPOOL_KAFKA_BOOTSTRAP_SERVERS=%s",
+            found[0].bootstrap_servers,
+        )
 
 
 @main.command()
@@ -261,13 +311,7 @@ main.add_command(broker)
     show_default=True,
     help="Calls at once per worker of an async def handler (a plain function: 1).",
 )
-@click.option(
-    "--bootstrap-servers",
-    envvar="EVENTSPOOL_BOOTSTRAP_SERVERS",
-    default="127.0.0.1:9092",
-    show_default=True,
-    help="Kafka bootstrap list (env: EVENTSPOOL_BOOTSTRAP_SERVERS).",
-)
+@bootstrap_servers_option
 @click.option(
     "--ordering",
     type=click.Choice([o.value for o in Ordering]),
@@ -283,13 +327,7 @@ main.add_command(broker)
 @_setting_option("--dead-letter-topic", _CONSUMER_DEFAULTS.dead_letter_topic, str)
 @_setting_option("--max-attempts", _CONSUMER_DEFAULTS.max_attempts, click.IntRange(min=1))
 @_setting_option("--shutdown-timeout", _CONSUMER_DEFAULTS.shutdown_timeout_s, float)
-@click.option(
-    "--kafka",
-    "kafka_options",
-    multiple=True,
-    metavar="NAME=VALUE",
-    help="librdkafka setting (repeatable), e.g. --kafka security.protocol=SSL.",
-)
+@_kafka_option
 @click.option(
     "--status-interval",
     type=float,
@@ -327,12 +365,7 @@ def consume(
     # Like `python -m`, resolve the handler's module from the current directory too.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    kafka: dict[str, str] = {}
-    for option in kafka_options:
-        name, sep, value = option.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"{option!r}: expected NAME=VALUE", param_hint="--kafka")
-        kafka[name] = value
+    kafka = _kafka_settings(kafka_options)
     try:
         settings = ConsumerSettings(
             ordering=Ordering(ordering),
@@ -379,3 +412,120 @@ def _print_status_lines(consumer: Consumer, interval: float, done: threading.Eve
 
 
 main.add_command(pipeline)
+
+
+def _start(_context: click.Context, _param: click.Parameter, text: str) -> Start:
+    try:
+        return parse_start(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _format(
+    _context: click.Context, _param: click.Parameter, template: str | None
+) -> Callable[[Record], bytes] | None:
+    try:
+        return None if template is None else compile_format(template)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _json_line(record: Record) -> bytes:
+    return json.dumps(record_json(record), ensure_ascii=False).encode() + b"\n"
+
+
+@main.command()
+@click.argument("topic")
+@bootstrap_servers_option
+@click.option(
+    "-o",
+    "--offset",
+    "start",
+    default="beginning",
+    show_default=True,
+    callback=_start,
+    help="Where each partition starts, as kcat's -o: beginning, end, an offset N, or -N "
+    "for its last N records.",
+)
+@click.option("--follow", is_flag=True, help="Keep waiting for new records (Ctrl-C ends).")
+@click.option("-c", "--count", type=click.IntRange(min=1), help="Stop after this many records.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object per record: topic, partition, offset, timestamp (ms), key, value, "
+    "headers; text where UTF-8, else key_b64, value_b64, headers_b64.",
+)
+@click.option(
+    "--format",
+    "render",
+    callback=_format,
+    show_default=DEFAULT_FORMAT,
+    help="As kcat's -f: %t topic, %p partition, %o offset, %T timestamp (ms), %k key, "
+    "%s value, %K and %S their lengths (-1: null), %h headers (name=value,...), %% a "
+    r"percent sign; \n \t \r \\ escapes (end with \n for one line per record).",
+)
+@_kafka_option
+def tail(
+    *,
+    topic: str,
+    bootstrap_servers: str,
+    start: Start,
+    follow: bool,
+    count: int | None,
+    as_json: bool,
+    render: Callable[[Record], bytes] | None,
+    kafka_options: tuple[str, ...],
+) -> None:
+    """Print the records of TOPIC, without joining a consumer group or committing.
+
+    Without --follow it stops at the end each partition had when it started.
+    """
+    if as_json and render is not None:
+        raise click.UsageError("give --json or --format, not both")
+    output = _json_line if as_json else render or compile_format(DEFAULT_FORMAT)
+    kafka = {**_kafka_settings(kafka_options), "bootstrap.servers": bootstrap_servers}
+    try:
+        for record in read(kafka, topic, start, follow=follow, count=count):
+            click.echo(output(record), nl=False)
+    except EventspoolError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        return
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and let no final flush fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+@main.command()
+@bootstrap_servers_option
+@click.option("--partitions", is_flag=True, help="One line per partition instead of per topic.")
+@_kafka_option
+def topics(bootstrap_servers: str, partitions: bool, kafka_options: tuple[str, ...]) -> None:
+    """List the topics (not the internal "__" ones) with their partitions and end offsets.
+
+    An end is the offset after a partition's last record, exact also on the embedded
+    broker; a topic's END is the sum of its partitions' ends.
+    """
+    kafka = {**_kafka_settings(kafka_options), "bootstrap.servers": bootstrap_servers}
+    try:
+        ends = topic_ends(kafka)
+    except EventspoolError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not ends:
+        click.echo("no topics")
+        return
+    if partitions:
+        rows = [("TOPIC", "PARTITION", "END")]
+        rows += [(t, str(p), str(end)) for t, by_id in ends.items() for p, end in by_id.items()]
+    else:
+        rows = [("TOPIC", "PARTITIONS", "END")]
+        rows += [(t, str(len(by_id)), str(sum(by_id.values()))) for t, by_id in ends.items()]
+    _print_table(rows)
+
+
+def _print_table(rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        click.echo("  ".join(cells).rstrip())

@@ -82,4 +82,3 @@ def librdkafka_logger() -> logging.Logger:
         if not any(isinstance(f, RepeatFilter) for f in logger.filters):
             logger.addFilter(RepeatFilter())
     return logger
-

@@ -231,7 +231,7 @@ def test_detached_start_status_stop_round_trip(tmp_path: Path) -> None:
     started = runner.invoke(broker_cli, ["start", "--state-dir", os.fspath(state_dir)])
     try:
         assert started.exit_code == 0, started.output
-        bootstrap = started.output.strip()
+        bootstrap = started.stdout.strip()
         state = json.loads((state_dir / "broker.json").read_text())
         assert bootstrap == f"127.0.0.1:{state['port']}"
         assert os.getsid(state["pid"]) == state["pid"]  # its own session: outlives the CLI

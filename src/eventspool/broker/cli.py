@@ -7,18 +7,24 @@ from pathlib import Path
 import click
 
 from eventspool.broker.console import run_console
-from eventspool.broker.local import BrokerError, start_detached, status, stop_detached
+from eventspool.broker.local import (
+    DEFAULT_STATE_DIR,
+    STATE_DIR_ENV_VAR,
+    BrokerError,
+    default_state_dir,
+    start_detached,
+    state_path,
+    status,
+    stop_detached,
+)
 
-STATE_DIR_ENV_VAR = "EVENTSPOOL_STATE_DIR"
-DEFAULT_STATE_DIR = Path(".eventspool") / "broker"
-
-# The same option on every command, so start, stop and status agree on the state file.
+# The same option on every command, so start, stop and status agree on the state file;
+# its default is the one the other commands look in for a running broker.
 _state_dir_option = click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    envvar=STATE_DIR_ENV_VAR,
-    default=DEFAULT_STATE_DIR,
-    show_default=True,
+    default=default_state_dir,
+    show_default=str(DEFAULT_STATE_DIR),
     help=f"Directory for the broker's state file and log (env: {STATE_DIR_ENV_VAR}).",
 )
 
@@ -46,12 +52,22 @@ def broker(context: click.Context, brokers: int | None) -> None:
 @click.option("--port", type=click.IntRange(1, 65535), help="Listen port  [default: a free one]")
 @_state_dir_option
 def start(port: int | None, state_dir: Path) -> None:
-    """Start the broker and print its bootstrap servers (HOST:PORT)."""
+    """Start the broker and print its bootstrap servers (HOST:PORT).
+
+    It keeps every topic and record in memory only: stopping it loses them. The other
+    commands given no --bootstrap-servers find it through its state file.
+    """
     try:
         state = start_detached(state_dir, port=port)
     except BrokerError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(state.bootstrap_servers)
+    click.echo(
+        "the broker keeps everything in memory: `eventspool broker stop` loses every topic "
+        f"and record; its state file {state_path(state_dir)} tells the other eventspool "
+        "commands where it listens",
+        err=True,
+    )
 
 
 @broker.command()

