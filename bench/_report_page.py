@@ -59,11 +59,13 @@ def render(store: Mapping[str, Any], bench_dir: Path) -> str:
         "  x/÷1.25 or the wider band a noisy figure declares; for a count the anchor reaches",
         "  by chance (events lost where a random SIGKILL lands) our own value must come again",
         "  and the ratio must stay on the same side of 1.",
-        f"- Measured {store['generated_at']} at revision `{store['revision']}`"
-        f"{' with `--quick` runs' if store.get('quick') else ''}.",
-        f"- Machine: {_machine(store['machine'])}.",
+        f"- Last run {store['generated_at']} at revision `{store['revision']}`"
+        f"{' with `--quick` runs' if store.get('quick') else ''}, on "
+        f"{_machine(store['machine'])}. A run with `--only` measures some benches again and",
+        "  keeps the others: each section names the revision and machine it was measured on.",
         "- Broker: the embedded tansu (in-memory storage) on the same machine, so the broker",
-        "  competes with the measured code for the cores.",
+        "  competes with the measured code for the cores; `failover` runs on librdkafka's",
+        "  3-broker mock cluster instead.",
         "",
         "## Summary",
         "",
@@ -100,7 +102,7 @@ def _section(run: Mapping[str, Any], bench_dir: Path) -> list[str]:
             lines += [f"**{title}**", "", *_mapping_table(table), ""]
     lines += [
         f"Command: `{command}`, {_minutes(run['elapsed_s'])}, 1-minute load average "
-        f"{run.get('load_average_1m_before', '-')} before it started. "
+        f"{run.get('load_average_1m_before', '-')} before it started{_provenance(run)}. "
         f"Everything it printed is in `benchmarks.json`.",
         "",
     ]
@@ -123,6 +125,17 @@ def _section(run: Mapping[str, Any], bench_dir: Path) -> list[str]:
             lines += [f"- **{key}**", *_bullets(value, indent=1)]
         lines += ["", "</details>", ""]
     return lines
+
+
+def _provenance(run: Mapping[str, Any]) -> str:
+    """Where a section's figures come from, when the run recorded it."""
+    parts = []
+    if "revision" in run:
+        parts.append(f"at revision `{run['revision']}`")
+    machine = run["result"].get("machine")
+    if isinstance(machine, Mapping):
+        parts.append(f"on {_machine(machine)}")
+    return ", measured " + " ".join(parts) if parts else ""
 
 
 def _figure_table(figures: Iterable[Figure], *, with_script: bool) -> list[str]:
