@@ -6,8 +6,9 @@ starts without loading them.
 
 from __future__ import annotations
 
+import contextlib
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import date, datetime
 from pathlib import Path
 from types import FrameType
@@ -40,9 +41,15 @@ _COMMON: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "--dsn",
         envvar="EVENTSPOOL_PG_DSN",
-        required=True,
         help="PostgreSQL connection string for the stats and rewards tables "
-        "(env: EVENTSPOOL_PG_DSN).",
+        "(env: EVENTSPOOL_PG_DSN); or --local-db.",
+    ),
+    click.option(
+        "--local-db",
+        is_flag=True,
+        help="Start a throwaway PostgreSQL server on this machine for the tables instead of "
+        "--dsn; it and its tables are removed when the command ends (the Parquet outputs "
+        "stay). Needs the PostgreSQL server package.",
     ),
     click.option(
         "--rules",
@@ -84,6 +91,25 @@ def _kafka(settings: tuple[str, ...]) -> dict[str, str]:
 
 def _echo(line: str) -> None:
     click.echo(line, err=True)
+
+
+@contextlib.contextmanager
+def _database(params: dict[str, Any]) -> Iterator[None]:
+    """Set params["dsn"]: the one given, or a throwaway server's for the command's life."""
+    if params["local_db"] == bool(params["dsn"]):
+        raise click.UsageError("give --dsn (or EVENTSPOOL_PG_DSN) or --local-db, one of them")
+    if not params["local_db"]:
+        yield
+        return
+    from eventspool.spark.pgserver import LocalPostgres, PostgresUnavailableError  # noqa: PLC0415
+
+    try:
+        with LocalPostgres() as server:
+            _echo(f"a throwaway PostgreSQL for this run: {server.dsn}")
+            params["dsn"] = server.dsn
+            yield
+    except PostgresUnavailableError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _config(params: dict[str, Any], **extra: Any) -> Any:
@@ -138,6 +164,11 @@ def pipeline() -> None:
 @click.option("--trigger-seconds", default=5.0, show_default=True, help="Seconds between batches.")
 def run(**params: Any) -> None:
     """Stream from Kafka into the outputs, exactly once (stop with Ctrl-C or SIGTERM)."""
+    with _database(params):
+        _run(params)
+
+
+def _run(params: dict[str, Any]) -> None:
     from eventspool.spark.jobs.runner import describe  # noqa: PLC0415
     from eventspool.spark.jobs.runner import run as run_pipeline  # noqa: PLC0415
     from eventspool.spark.session import build_session  # noqa: PLC0415
@@ -187,6 +218,11 @@ def _date(_ctx: click.Context, _param: click.Parameter, value: str) -> date:
 @click.option("--to", "last", required=True, callback=_date, help="Last UTC day (inclusive).")
 def backfill(**params: Any) -> None:
     """Recompute whole UTC days from Kafka and replace them in every output."""
+    with _database(params):
+        _backfill(params)
+
+
+def _backfill(params: dict[str, Any]) -> None:
     from eventspool.spark.jobs.runner import backfill as run_backfill  # noqa: PLC0415
     from eventspool.spark.jobs.runner import describe  # noqa: PLC0415
     from eventspool.spark.session import build_session  # noqa: PLC0415
