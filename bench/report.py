@@ -128,7 +128,8 @@ def run_all(scripts: Sequence[str], *, quick: bool, soak_duration_s: int) -> lis
 
 
 def revision() -> str:
-    """The commit measured, marked "-dirty" when the working tree had uncommitted changes."""
+    """The commit measured, marked "-dirty" when the measured code (anything but docs and
+    tests) had uncommitted changes."""
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -136,7 +137,8 @@ def revision() -> str:
         ).stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return f"{commit}-dirty" if git("status", "--porcelain", "--untracked-files=no") else commit
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs", ":!tests")
+    return f"{commit}-dirty" if changed else commit
 
 
 def write_report(store: Mapping[str, Any], docs_dir: Path = DOCS_DIR) -> None:
