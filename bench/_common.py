@@ -337,8 +337,3 @@ def emit_result(result: Mapping[str, object]) -> None:
         raise ValueError(f"result must start with figure, ours, anchor, ratio; got {keys[:4]}")
     sys.stderr.flush()
     print(json.dumps(result, separators=(",", ":"), allow_nan=False), flush=True)
-
-
-if __name__ == "__main__":
-    # Not a benchmark: `make bench` runs every bench/*.py, so stay harmless and quiet on stdout.
-    print(json.dumps(machine(), indent=2), file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis import given
 
-from eventspool.sender.tracking import AckTracker
+from eventspool._core.native import AckTracker
 
 
 @given(st.integers(0, 1000), st.permutations(list(range(30))))

@@ -18,7 +18,6 @@ from eventspool.spool.partitioner import (
     StickyPartitioner,
     murmur2,
     partition_for_key,
-    to_positive,
 )
 
 # Source: apache/kafka, clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java
@@ -85,6 +84,12 @@ def _java_murmur2(data: bytes) -> int:
     h = _i32(h ^ ((h & 0xFFFFFFFF) >> 13))
     h = _i32(h * m)
     return _i32(h ^ ((h & 0xFFFFFFFF) >> 15))
+
+
+def to_positive(n: int) -> int:
+    """Kafka's `Utils.toPositive`: the sign bit cleared (abs() would differ for negative
+    hashes, and Java's overflows on MIN_VALUE); the compiled partitioner does the same."""
+    return n & 0x7FFFFFFF
 
 
 # --- murmur2 / to_positive / partition_for_key: known vectors ---------------

@@ -12,15 +12,4 @@ from __future__ import annotations
 
 from eventspool._core.native import StickyPartitioner, murmur2, partition_for_key
 
-__all__ = ["StickyPartitioner", "murmur2", "partition_for_key", "to_positive"]
-
-_POSITIVE_MASK = 0x7FFFFFFF
-
-
-def to_positive(n: int) -> int:
-    """Clear the sign bit like Kafka's ``Utils.toPositive``.
-
-    ``abs()`` would differ for negative hashes (and Java's abs overflows on
-    MIN_VALUE), so Kafka masks instead and so must we.
-    """
-    return n & _POSITIVE_MASK
+__all__ = ["StickyPartitioner", "murmur2", "partition_for_key"]
