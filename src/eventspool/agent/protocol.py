@@ -100,6 +100,9 @@ _MIN_EVENT = 1
 _MIN_ROUTED_EVENT = _U16.size + _MIN_EVENT
 _MIN_HEADER = _U16.size + _I32.size
 _MIN_RESULT = _STATUS_TEXT.size
+# What a SEND (or PUBLISH) frame's length counts besides its topic's and events' bytes:
+# type, request id, topic length, event count. Clients split batches by it.
+SEND_OVERHEAD = _MIN_LENGTH + _U16.size + _U32.size
 
 
 class FrameType(IntEnum):

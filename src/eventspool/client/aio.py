@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from eventspool.agent.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_EVENTS_PER_SEND,
+    SEND_OVERHEAD,
     Frame,
     FrameDecoder,
     FrameType,
@@ -69,9 +70,6 @@ _T = TypeVar("_T")
 _READ_SIZE = 256 * 1024
 _MAX_BACKOFF_S = 1.0
 _MAX_REQUEST_ID = 0xFFFF_FFFF
-# What a SEND frame's length field counts besides its topic and events: frame type (1),
-# request id (4), topic length (2), event count (4).
-_SEND_OVERHEAD = 1 + 4 + 2 + 4
 
 
 @dataclass(slots=True, eq=False)
@@ -490,7 +488,7 @@ class AsyncClient:
 
         An event larger than that goes alone in its frame, for the agent to judge.
         """
-        overhead = _SEND_OVERHEAD + len(name.encode())
+        overhead = SEND_OVERHEAD + len(name.encode())
         chunks: list[list[_Send]] = []
         chunk: list[_Send] = []
         size = overhead

@@ -70,6 +70,7 @@ from eventspool._core.native import decode_results
 from eventspool.agent.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_EVENTS_PER_SEND,
+    SEND_OVERHEAD,
     EventResult,
     Frame,
     FrameDecoder,
@@ -110,8 +111,6 @@ from eventspool.errors import (
 )
 
 __all__ = ["AgentError", "Client"]
-
-_SEND_OVERHEAD = 9 + 2 + 4  # frame header, topic length, event count
 
 
 _ERRORS: Mapping[Status, type[EventspoolError]] = {
@@ -702,7 +701,7 @@ class Client:
                 requests.append(item)
             else:
                 by_target.setdefault((item._topic, item._exchange), []).append(item)
-        budget = self.max_frame_bytes - _SEND_OVERHEAD
+        budget = self.max_frame_bytes - SEND_OVERHEAD
         for (topic, exchange), group in by_target.items():
             name = exchange if exchange is not None else topic
             name_size = len(name.encode()) if name is not None else 0
