@@ -56,12 +56,12 @@ from eventspool.client.common import (
     event_payload,
     greeting_failure,
     parse_target,
+    raise_for,
     routed_event_payload,
     split_batch_event,
 )
-from eventspool.client.sync import AgentError, raise_for
 from eventspool.envelope import HeadersInput
-from eventspool.errors import EventspoolError, InvalidEventError
+from eventspool.errors import AgentError, EventspoolError, InvalidEventError
 
 __all__ = ["AgentError", "AsyncClient"]
 

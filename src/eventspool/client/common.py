@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import ssl
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from eventspool._core.native import encode_wire_event
 from eventspool.agent.protocol import (
+    EventResult,
     Frame,
     FrameType,
     Status,
@@ -24,7 +26,19 @@ from eventspool.agent.protocol import (
 from eventspool.agent.tls import openssl_text
 from eventspool.config import validate_topic
 from eventspool.envelope import HeadersInput, caller_event_id, normalize_headers
-from eventspool.errors import AgentError, EventspoolError, ForbiddenError, InvalidEventError
+from eventspool.errors import (
+    AgentError,
+    EventspoolError,
+    EventTooLargeError,
+    ForbiddenError,
+    InvalidEventError,
+    InvalidTopicError,
+    SpoolBudgetError,
+    SpoolClosedError,
+    SpoolFullError,
+    UnknownExchangeError,
+    UnroutableError,
+)
 from eventspool.routing.exchanges import validate_routing_key
 
 #: What `send_many()` takes per event: a value, or (value, key), (value, key, headers) or
@@ -262,3 +276,30 @@ def _hangup_hint(tls: bool) -> str:
     if tls:
         return " (one that asks for client certificates does so without one it trusts)"
     return " (a TLS listener does so to a client without TLS: give ssl_context)"
+
+
+_ERRORS: Mapping[Status, type[EventspoolError]] = {
+    Status.SPOOL_FULL: SpoolFullError,
+    Status.NO_SPACE: SpoolFullError,
+    Status.OVER_BUDGET: SpoolBudgetError,
+    Status.FORBIDDEN: ForbiddenError,
+    Status.INVALID_TOPIC: InvalidTopicError,
+    Status.TOO_LARGE: EventTooLargeError,
+    Status.MALFORMED: InvalidEventError,
+    Status.SHUTTING_DOWN: SpoolClosedError,
+    Status.INTERNAL: AgentError,
+    Status.UNKNOWN_EXCHANGE: UnknownExchangeError,
+    Status.UNROUTABLE: UnroutableError,
+}
+
+
+def error_for(status: Status, text: str) -> EventspoolError:
+    """The exception a refused event's status stands for, the same in both clients."""
+    return _ERRORS.get(status, AgentError)(text)
+
+
+def raise_for(result: EventResult) -> str:
+    """The event id of an OK result; the matching exception otherwise."""
+    if result.status is Status.OK:
+        return result.text
+    raise error_for(result.status, result.text)

@@ -60,7 +60,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
@@ -88,6 +88,7 @@ from eventspool.client.common import (
     Outcome,
     Target,
     connect_failure,
+    error_for,
     event_payload,
     greeting_failure,
     parse_target,
@@ -99,40 +100,10 @@ from eventspool.envelope import HeadersInput
 from eventspool.errors import (
     AgentError,
     EventspoolError,
-    EventTooLargeError,
-    ForbiddenError,
     InvalidEventError,
-    InvalidTopicError,
-    SpoolBudgetError,
-    SpoolClosedError,
-    SpoolFullError,
-    UnknownExchangeError,
-    UnroutableError,
 )
 
 __all__ = ["AgentError", "Client"]
-
-
-_ERRORS: Mapping[Status, type[EventspoolError]] = {
-    Status.SPOOL_FULL: SpoolFullError,
-    Status.NO_SPACE: SpoolFullError,
-    Status.OVER_BUDGET: SpoolBudgetError,
-    Status.FORBIDDEN: ForbiddenError,
-    Status.INVALID_TOPIC: InvalidTopicError,
-    Status.TOO_LARGE: EventTooLargeError,
-    Status.MALFORMED: InvalidEventError,
-    Status.SHUTTING_DOWN: SpoolClosedError,
-    Status.INTERNAL: AgentError,
-    Status.UNKNOWN_EXCHANGE: UnknownExchangeError,
-    Status.UNROUTABLE: UnroutableError,
-}
-
-
-def raise_for(result: EventResult) -> str:
-    """The event id of an OK result; the matching exception otherwise."""
-    if result.status is Status.OK:
-        return result.text
-    raise _ERRORS.get(result.status, AgentError)(result.text)
 
 
 _READ_SIZE = 256 * 1024
@@ -1005,13 +976,11 @@ def _refusal(result: str | tuple[int, str]) -> EventspoolError:
         known = Status(status)
     except ValueError:
         raise ProtocolError(f"SEND_RESULT: unknown status {status}") from None
-    return _ERRORS.get(known, AgentError)(text)
+    return error_for(known, text)
 
 
 def _outcome(result: EventResult) -> Outcome:
-    if result.status is Status.OK:
-        return result.text
-    return _ERRORS.get(result.status, AgentError)(result.text)
+    return result.text if result.status is Status.OK else error_for(result.status, result.text)
 
 
 def _checked_payload(  # noqa: PLR0917  # send()'s own parameters, in its order
