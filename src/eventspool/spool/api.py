@@ -21,6 +21,7 @@ from eventspool.envelope import (
     normalize_headers,
 )
 from eventspool.errors import EventTooLargeError, InvalidEventError, SpoolClosedError
+from eventspool.metrics import FSYNC_SECONDS
 from eventspool.routing.exchanges import Exchange, routing_key_bytes, validate_routing_key
 from eventspool.routing.table import ExchangeCounts, ExchangeInfo, ExchangeTable
 from eventspool.sender.sender import Sender
@@ -90,7 +91,9 @@ class Spool(SpoolFront):
         self._ids = EventIdGenerator(clock)
         try:
             self._exchanges = ExchangeTable(self.directory, exchanges)
-            self._registry = QueueRegistry(self.directory, self.settings, clock, self._ids)
+            self._registry = QueueRegistry(
+                self.directory, self.settings, clock, self._ids, FSYNC_SECONDS.observe
+            )
         except BaseException:
             self._owner.release()
             raise

@@ -31,7 +31,14 @@ from eventspool.envelope import EventIdGenerator, decode
 from eventspool.errors import QueueFileError, SpoolBudgetError
 from eventspool.spool.budget import DiskBudget
 from eventspool.spool.partitioner import StickyPartitioner, partition_for_key
-from eventspool.spool.ring import HEADER_SIZE, PAGE, Record, RingQueue, append_to_each
+from eventspool.spool.ring import (
+    HEADER_SIZE,
+    PAGE,
+    Record,
+    RingQueue,
+    SyncObserver,
+    append_to_each,
+)
 
 PARTITIONS_FILE = "partitions.json"
 TOPICS_DIR = "topics"
@@ -159,9 +166,15 @@ class QueueRegistry:
     """Every ring of one spool directory; opening it recovers every ring found on disk."""
 
     def __init__(
-        self, directory: Path, settings: SpoolSettings, clock: Clock, ids: EventIdGenerator
+        self,
+        directory: Path,
+        settings: SpoolSettings,
+        clock: Clock,
+        ids: EventIdGenerator,
+        on_fsync: SyncObserver | None = None,
     ) -> None:
         self.directory = directory
+        self._on_fsync = on_fsync
         self.settings = settings
         self.clock = clock
         self.ids = ids
@@ -198,7 +211,11 @@ class QueueRegistry:
 
         def open_() -> RingQueue:
             return RingQueue.open(
-                path, settings, max_payload=self.settings.max_event_bytes, clock=self.clock
+                path,
+                settings,
+                max_payload=self.settings.max_event_bytes,
+                clock=self.clock,
+                on_fsync=self._on_fsync,
             )
 
         if path.exists():

@@ -53,7 +53,8 @@ import mmap
 import os
 import struct
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,9 @@ from eventspool.errors import (
     SpoolClosedError,
     SpoolFullError,
 )
-from eventspool.metrics import FSYNC_SECONDS
+
+# Told the seconds each fdatasync took: the spool's assembly passes a metrics observer.
+SyncObserver = Callable[[float], None]
 
 MAGIC = b"EVSPRING"
 FORMAT_VERSION = 1
@@ -140,8 +143,9 @@ class _GroupCommit:
     other writers go on meanwhile.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, on_sync: SyncObserver | None) -> None:
         self._fd = fd
+        self._on_sync = on_sync
         self._cond = threading.Condition()
         self._synced_seq = -1
         self._syncing = False
@@ -156,10 +160,12 @@ class _GroupCommit:
                 self._syncing = True
                 target = max(seq, latest_seq)
                 self._cond.release()
+                started = time.perf_counter()
                 try:
-                    with FSYNC_SECONDS.time():
-                        os.fdatasync(self._fd)
+                    os.fdatasync(self._fd)
                 finally:
+                    if self._on_sync is not None:
+                        self._on_sync(time.perf_counter() - started)
                     self._cond.acquire()
                     self._syncing = False
                     self._cond.notify_all()
@@ -188,6 +194,7 @@ class RingQueue:
         max_payload: int,
         *,
         writable: bool,
+        on_fsync: SyncObserver | None = None,
     ) -> None:
         self.path = path
         self.settings = settings
@@ -202,7 +209,9 @@ class RingQueue:
         capacity = self._read_static_header(size)
         # Writers that wait for room under `block` sleep here; ack() wakes them.
         self._space = threading.Condition()
-        self._commit = _GroupCommit(fd) if settings.durability is Durability.FSYNC else None
+        self._commit = (
+            _GroupCommit(fd, on_fsync) if settings.durability is Durability.FSYNC else None
+        )
         self.core = RingCore(
             self._mm,
             capacity,
@@ -228,9 +237,11 @@ class RingQueue:
         clock: Clock = SYSTEM_CLOCK,
         create: bool = True,
         writable: bool = True,
+        on_fsync: SyncObserver | None = None,
     ) -> RingQueue:
         """Open the ring at `path`, creating it with `settings.capacity_bytes` if absent.
 
+        `on_fsync` is told each fdatasync's duration in seconds (metrics, above storage).
         Raises QueueFileError if the file cannot be created (disk full) and
         CorruptQueueError if its header cannot be trusted.
         """
@@ -243,7 +254,7 @@ class RingQueue:
         except OSError as exc:
             raise QueueFileError(str(path), f"cannot open: {exc.strerror}") from exc
         try:
-            return cls(path, fd, settings, clock, max_payload, writable=writable)
+            return cls(path, fd, settings, clock, max_payload, writable=writable, on_fsync=on_fsync)
         except BaseException:
             os.close(fd)
             raise
