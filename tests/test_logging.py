@@ -299,3 +299,15 @@ def test_dict_config_names_the_handlers_in_a_fresh_interpreter(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     with Spool(tmp_path / "spool") as spool:
         assert spool.unacknowledged() == 1
+
+
+def test_eventspools_own_records_are_not_shipped(tmp_path: Path) -> None:
+    """A sender warning logged through a root handler that is a SpoolHandler would go into
+    the spool it is about; it is left to the application's other handlers."""
+    with Spool(tmp_path) as spool:
+        handler = SpoolHandler(spool, TOPIC)
+        handler.handle(logging.makeLogRecord({"name": "eventspool.sender.sender", "msg": "x"}))
+        handler.handle(logging.makeLogRecord({"name": "eventspool.librdkafka", "msg": "x"}))
+        handler.handle(logging.makeLogRecord({"name": "eventspoolish.app", "msg": "kept"}))
+        handler.handle(logging.makeLogRecord({"name": "shop", "msg": "kept"}))
+        assert spool.unacknowledged() == 2

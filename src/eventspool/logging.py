@@ -13,6 +13,9 @@ what happened since the last report. `SpoolHandler` blocks a caller no longer th
 it at all: records wait in a bounded buffer while a thread of the handler ships them,
 and are retried while the agent is away.
 
+Neither ships the records of eventspool's own loggers (`eventspool.*`), which would
+otherwise come back through the spool they are about.
+
 Both are built from keyword arguments only, so `logging.config.dictConfig` can
 configure them (see the README); a bad setting raises ValueError naming it.
 """
@@ -98,6 +101,12 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return json.dumps(self.fields(record), default=str, ensure_ascii=False)
+
+
+def _not_eventspools_own(record: logging.LogRecord) -> bool:
+    """eventspool's own log records are not shipped: a spool that cannot reach Kafka would
+    queue its complaints about that into itself, and librdkafka's lines with them."""
+    return not (record.name == "eventspool" or record.name.startswith("eventspool."))
 
 
 class _Reports:
@@ -213,6 +222,7 @@ class SpoolHandler(logging.Handler):
         self._owns_spool = not isinstance(spool, Spool)
         self.spool = spool if isinstance(spool, Spool) else Spool(spool, bootstrap_servers)
         super().__init__(level)
+        self.addFilter(_not_eventspools_own)
         self.dropped = 0
         self._count_lock = threading.Lock()  # emit() runs in many threads at once
         self._reports = _Reports(self, interval, clock)
@@ -293,6 +303,7 @@ class AgentHandler(logging.Handler):
         if not isinstance(socket_path, str | os.PathLike):
             raise ValueError(f"{type(self).__name__}: socket_path={socket_path!r}: not a path")
         super().__init__(level)
+        self.addFilter(_not_eventspools_own)
         self.socket_path = os.fspath(socket_path)
         self.dropped = 0
         self.failed_attempts = 0
