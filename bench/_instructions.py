@@ -33,7 +33,7 @@ from confluent_kafka import Producer
 from _common import figure, sender_producer_config
 from eventspool.broker.local import create_topic
 from eventspool.envelope import EventIdGenerator
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 
 PAYLOAD = b"v" * 100
 KEYS = [f"user-{i}".encode() for i in range(10_000)]

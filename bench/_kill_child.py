@@ -33,7 +33,7 @@ import confluent_kafka
 from _acklog import AckLog
 from eventspool.envelope import EventIdGenerator
 from eventspool.errors import SpoolFullError
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 
 PAYLOAD_BYTES = 100
 _PADDING = b"." * (PAYLOAD_BYTES - 12)

@@ -77,7 +77,7 @@ from _common import (
 from eventspool.broker.local import LocalBroker, create_topic
 from eventspool.config import SenderSettings, SpoolSettings
 from eventspool.envelope import FIXED_SIZE, EventIdGenerator
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.spool.ring import frame_size
 
 FIGURE = "e2e_rate_keyed_12p"

@@ -61,7 +61,7 @@ from _common import (
 )
 from eventspool.config import MIB, Durability, FullPolicy, QueueSettings, SpoolSettings
 from eventspool.envelope import FIXED_SIZE
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.spool.ring import frame_size
 
 TOPIC = "bench-enqueue"

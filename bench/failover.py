@@ -124,7 +124,7 @@ from eventspool.broker.mock import MockCluster
 from eventspool.config import SenderSettings, SpoolSettings
 from eventspool.envelope import EventIdGenerator
 from eventspool.errors import SpoolFullError
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.spool.partitioner import partition_for_key
 from eventspool.spool.ring import RingQueue
 from eventspool.verify import consume_event_ids, ledger

@@ -72,7 +72,7 @@ from _common import (
 from _kill_child import PAYLOAD_BYTES, WAIT_LANE_PREFIX, producer_config
 from eventspool.broker.local import LocalBroker, create_topic
 from eventspool.envelope import EventIdGenerator
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.verify import consume_topic, ledger
 
 FIGURE = "sigkill_acknowledged_delivered_fraction"

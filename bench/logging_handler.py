@@ -52,7 +52,7 @@ from _common import (
 )
 from eventspool.config import MIB, QueueSettings, SpoolSettings
 from eventspool.logging import JsonFormatter, SpoolHandler
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 
 FIGURE = "logging_handler_rate"
 TOPIC = "app-logs"

@@ -45,11 +45,11 @@ from _common import (
     safe_ratio,
 )
 from eventspool.config import MIB, QueueSettings, SpoolSettings
+from eventspool.pipeline import Spool
 from eventspool.routing import Binding, Exchange, ExchangeType
 from eventspool.routing.exchanges import CompiledExchange
 from eventspool.routing.reference import RegexMatcher
 from eventspool.routing.trie import TopicTrie
-from eventspool.spool.api import Spool
 
 BINDINGS = 10_000
 TARGET_TOPICS = 100

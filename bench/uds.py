@@ -85,7 +85,7 @@ from eventspool.client.sync import AgentError, Client
 from eventspool.config import MIB, QueueSettings, SpoolSettings
 from eventspool.envelope import FIXED_SIZE
 from eventspool.errors import EventspoolError
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.spool.ring import frame_size
 from eventspool.testing.tls import Pki, have_openssl
 

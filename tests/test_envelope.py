@@ -20,7 +20,7 @@ from eventspool.envelope import (
     normalize_headers,
 )
 from eventspool.errors import InvalidEventError
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 
 header_lists = st.lists(
     st.tuples(st.text(max_size=20), st.one_of(st.none(), st.binary(max_size=50))), max_size=5

@@ -26,7 +26,7 @@ from eventspool.clock import ManualClock
 from eventspool.config import QueueSettings, SpoolSettings
 from eventspool.envelope import Event, decode
 from eventspool.logging import AgentHandler, JsonFormatter, SpoolHandler
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.verify import consume_event_ids
 from tests.agent import conftest as agent_fixtures
 from tests.agent.conftest import AgentFactory

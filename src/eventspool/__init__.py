@@ -20,7 +20,7 @@ from eventspool.errors import (
     UnknownExchangeError,
     UnroutableError,
 )
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 
 __all__ = [
     "CorruptQueueError",

@@ -19,11 +19,11 @@ from pathlib import Path
 import click
 
 from eventspool.broker import LocalBroker
+from eventspool.pipeline import Spool
 from eventspool.spark.jobs.rules import DEFAULT_RULES, daily_rewards
 from eventspool.spark.jobs.runner import PipelineConfig, describe, run
 from eventspool.spark.pgserver import LocalPostgres
 from eventspool.spark.session import build_session
-from eventspool.spool.api import Spool
 from eventspool.verify import consume_event_ids, ledger
 
 TOPICS = ("orders", "payments", "page_views")

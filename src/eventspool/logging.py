@@ -36,7 +36,7 @@ from eventspool.client.sync import AgentError, Client
 from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import validate_topic
 from eventspool.errors import EventspoolError, InvalidTopicError, SpoolClosedError, SpoolFullError
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 
 __all__ = ["AgentHandler", "JsonFormatter", "LogDeliveryError", "SpoolHandler"]
 

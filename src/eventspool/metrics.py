@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from eventspool.spool.api import Spool
+    from eventspool.pipeline import Spool
 
 PROCESS_REGISTRY = CollectorRegistry()
 FSYNC_SECONDS = Histogram(

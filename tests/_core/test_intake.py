@@ -26,7 +26,7 @@ from eventspool.agent.protocol import (
 )
 from eventspool.config import QueueSettings, SpoolSettings
 from eventspool.envelope import decode
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 
 TOPIC = "intake"
 SETTINGS = SpoolSettings(max_event_bytes=4096, queue=QueueSettings(capacity_bytes=1 << 20))

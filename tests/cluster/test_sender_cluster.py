@@ -21,7 +21,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from eventspool.broker.mock import ApiKey, MockCluster
 from eventspool.config import SenderSettings
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.spool.partitioner import partition_for_key
 from eventspool.verify import header_event_id
 from tests.fault.children import LineReader, run_and_kill

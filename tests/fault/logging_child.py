@@ -15,7 +15,7 @@ import sys
 import threading
 
 from eventspool.logging import SpoolHandler
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from tests.fault.children import emit
 
 LOGGER = "fault.logging"

@@ -22,7 +22,7 @@ import time
 import uuid
 
 from eventspool.demo import business_event
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from tests.fault.children import emit
 from tests.fault.routing_child import EXCHANGE, PARTITIONS, fanout
 

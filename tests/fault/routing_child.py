@@ -17,8 +17,8 @@ import random
 import sys
 import time
 
+from eventspool.pipeline import Spool
 from eventspool.routing import Binding, Exchange, ExchangeType
-from eventspool.spool.api import Spool
 from tests.fault.children import emit
 
 EXCHANGE = "fan"

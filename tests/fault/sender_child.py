@@ -18,7 +18,7 @@ import sys
 import time
 
 from eventspool.config import SenderSettings
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from tests.fault.children import emit
 
 KEY_SPACE = 97

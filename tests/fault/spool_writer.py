@@ -29,7 +29,7 @@ from pathlib import Path
 from eventspool.config import QueueSettings, SpoolSettings
 from eventspool.envelope import decode
 from eventspool.errors import QueueFileError
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.spool.ring import RingQueue
 
 KIB = 1024

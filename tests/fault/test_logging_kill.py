@@ -25,7 +25,7 @@ import pytest
 
 from eventspool.broker import LocalBroker
 from eventspool.logging import AgentHandler
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.testing.agent import AgentProcess
 from eventspool.verify import consume_event_ids, header_event_id
 from tests.fault import logging_child, test_agent_kill

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from eventspool.broker import LocalBroker
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.testing.agent import AgentProcess
 from eventspool.verify import consume_event_ids
 from tests.fault import test_agent_kill as agent_kill

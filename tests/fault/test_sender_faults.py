@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient
 
 from eventspool.broker import LocalBroker, create_topic
 from eventspool.config import SenderSettings
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.testing.broker import ProxiedBroker
 from tests.fault.children import run_and_kill
 

@@ -26,7 +26,7 @@ from eventspool._core.native import crc32c
 from eventspool.config import QueueSettings, SpoolSettings
 from eventspool.envelope import decode
 from eventspool.errors import CorruptQueueError, QueueFileError
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.spool.ring import HEADER_SIZE, RingQueue, frame_size
 from tests.conftest import SmallDiskFactory
 

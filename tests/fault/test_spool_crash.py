@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from eventspool.envelope import decode
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.spool.partitioner import partition_for_key
 from eventspool.spool.ring import RingQueue
 from tests.fault.children import run_and_kill

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eventspool.broker import LocalBroker
+from eventspool.pipeline import Spool
 from eventspool.routing import Binding, Exchange, ExchangeCounts, ExchangeType
-from eventspool.spool.api import Spool
 from eventspool.verify import consume_topic
 from tests.routing.tutorial import TUTORIAL
 

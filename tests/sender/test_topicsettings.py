@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from eventspool.broker import LocalBroker
 from eventspool.broker.mock import MockCluster
+from eventspool.pipeline import Spool
 from eventspool.sender.topicsettings import durability_problems
-from eventspool.spool.api import Spool
 
 
 def test_the_no_data_loss_recipe_has_no_problem() -> None:

@@ -19,7 +19,7 @@ import psycopg
 import pyarrow.dataset as ds
 
 from eventspool.demo import business_event
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from tests.spark.conftest import produce, read_back
 
 PARTITIONS = 4  # the sender's default for topics it creates

@@ -9,7 +9,7 @@ import pytest
 
 from eventspool.config import DEFAULT_MAX_SPOOL_BYTES, QueueSettings, SpoolSettings
 from eventspool.errors import SpoolBudgetError, SpoolFullError
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 
 QUEUE = 64 * 1024
 RING_FILE = 4096 + QUEUE  # the header page, then the ring

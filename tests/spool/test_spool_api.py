@@ -28,7 +28,7 @@ from eventspool.clock import ManualClock
 from eventspool.config import Durability, FullPolicy, QueueSettings, SpoolSettings
 from eventspool.envelope import Event, decode
 from eventspool.errors import InvalidEventError, SpoolFullError, SpoolLockedError
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 from eventspool.spool.partitioner import partition_for_key
 from eventspool.spool.registry import save_partition_counts
 from eventspool.spool.ring import RingQueue

@@ -24,8 +24,8 @@ from eventspool.errors import (
     UnknownExchangeError,
     UnroutableError,
 )
+from eventspool.pipeline import Spool
 from eventspool.routing import Binding, Exchange, ExchangeCounts, ExchangeType, Source
-from eventspool.spool.api import Spool
 from eventspool.spool.partitioner import partition_for_key
 from eventspool.spool.ring import RingQueue
 

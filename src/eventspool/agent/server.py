@@ -77,9 +77,9 @@ from eventspool.errors import (
     UnroutableError,
 )
 from eventspool.metrics import render
+from eventspool.pipeline import Spool
 from eventspool.routing.exchanges import Exchange
 from eventspool.routing.table import ExchangeInfo
-from eventspool.spool.api import Spool
 
 log = logging.getLogger(__name__)
 

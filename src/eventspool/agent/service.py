@@ -22,7 +22,7 @@ from eventspool.agent.server import AgentServer
 from eventspool.agent.systemd import notify
 from eventspool.agent.tls import TlsFileError, server_context
 from eventspool.errors import EventspoolError
-from eventspool.spool.api import Spool
+from eventspool.pipeline import Spool
 
 log = logging.getLogger(__name__)
 

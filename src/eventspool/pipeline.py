@@ -1,4 +1,8 @@
-"""The in-process entry point: `Spool.send()` returns once the event is on local disk."""
+"""The in-process entry point: `Spool.send()` returns once the event is on local disk.
+
+`Spool` assembles the layers below it: storage (`spool/`), the sender, routing and
+metrics. It lives above them so that none of them imports it (make lint's contracts).
+"""
 
 from __future__ import annotations
 
