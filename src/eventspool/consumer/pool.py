@@ -80,6 +80,15 @@ class HandlerError(EventspoolError):
     """The handler reference cannot be resolved to a callable."""
 
 
+class WorkerStartError(EventspoolError):
+    """A worker process exited before it could run a handler: starting another would
+    fail the same way, and its events are not the handler's fault."""
+
+
+# A worker's first message: it imported its module and resolved the handler.
+_STARTED = "started"
+
+
 def is_async(handler: Handler) -> bool:
     """An `async def` function (also behind functools.partial) runs concurrently."""
     return inspect.iscoroutinefunction(handler)
@@ -243,6 +252,7 @@ def _worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     handler = resolve_handler(handler_ref)
+    conn.send(_STARTED)
     pipe = _RingPipe(conn, Handoff(ring))
     if is_async(handler):
         asyncio.run(_AsyncWorker(pipe, handler, ordering, concurrency, retry).serve())
@@ -767,7 +777,7 @@ class _AsyncWorker(_WorkerLoop):
 
 
 class _Worker:
-    __slots__ = ("conn", "handoff", "parts", "process", "progress", "task_id", "tasks")
+    __slots__ = ("conn", "handoff", "parts", "process", "progress", "started", "task_id", "tasks")
 
     def __init__(
         self, process: BaseProcess, conn: Connection, progress: Any, handoff: Handoff
@@ -781,6 +791,7 @@ class _Worker:
         self.tasks: dict[int, int] = {}
         # Events of parts handed to it and not settled yet.
         self.parts = 0
+        self.started = False
 
 
 class WorkerPool:
@@ -900,7 +911,10 @@ class WorkerPool:
                 except (EOFError, OSError):
                     pass
                 else:
-                    events.append(self._received(worker, message))
+                    if message == _STARTED:
+                        worker.started = True
+                    else:
+                        events.append(self._received(worker, message))
                     continue
             if worker.conn in ready or worker.process.sentinel in ready:
                 events.append(self._replace(index))
@@ -924,8 +938,20 @@ class WorkerPool:
         return TaskDone(task_id, failures)
 
     def _replace(self, index: int) -> WorkerDied:
+        """Start a new worker in place of a dead one; raise WorkerStartError for one that
+        exited by itself before it started, since its replacement would too (one killed
+        by a signal says nothing about the next)."""
         worker = self._workers[index]
         worker.process.join(_STOP_JOIN_TIMEOUT)
+        exitcode = worker.process.exitcode
+        if not worker.started and exitcode is not None and exitcode >= 0:
+            raise WorkerStartError(
+                f"a worker process exited (code {exitcode}) before it could "
+                "run the handler; its traceback is on standard error. If that is "
+                "multiprocessing's RuntimeError about the bootstrapping phase, the consumer "
+                "was started when the main module was imported: start it under "
+                '`if __name__ == "__main__":`'
+            )
         died = WorkerDied(
             index,
             worker.task_id,
