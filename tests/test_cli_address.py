@@ -182,6 +182,42 @@ def test_consume_finds_the_embedded_broker_and_the_agent_only_names_it(
     )
 
 
+def test_consume_on_the_embedded_broker_gets_partitions_within_seconds_by_default(
+    started: tuple[Path, str, str],
+) -> None:
+    """No --kafka settings at all: the CLI picks the embedded broker's session timeout
+    and says so; the first event is handled within 5 s of the command's start."""
+    folder, address, _ = started
+    create_topic(address, "orders", 2)
+    with Spool(folder / "spool", address) as spool:
+        event_id = spool.send("orders", b"first")
+        assert spool.flush(timeout=30) == 0
+    handled = folder / "handled"
+    began = time.monotonic()
+    consume = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "eventspool", "consume", "--group", "quick", "--topic"),
+            *("orders", "--handler", "tests.consumer.handlers:slow_from_env"),
+            *("--status-interval", "0"),
+        ],
+        cwd=folder,
+        env=_env(**{OUT_ENV: os.fspath(handled), SLEEP_ENV: "0"}),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        said = _stderr_until(consume, "on the embedded broker: session.timeout.ms=6000", 30)
+        assert any("--kafka session.timeout.ms=N" in line for line in said)
+        while not handled.exists() and time.monotonic() - began < 30:
+            time.sleep(0.05)
+        took = time.monotonic() - began
+    finally:
+        _stop(consume)
+    assert handled.read_text().split()[0] == event_id
+    # Python, the worker processes and the group join; 23 s with librdkafka's defaults.
+    assert took < 5 + 3, f"first event handled {took:.1f} s after start"
+
+
 COMMANDS = [
     ["consume", "--group", "g", "--topic", "t", "--handler", "tests.consumer.handlers:record_to"],
     ["tail", "t"],

@@ -206,10 +206,7 @@ def agent(config_path: Path | None, adopted: tuple[Path, ...], verbose: bool) ->
         config = load_agent_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    _configure_logging(verbose)
     if config.bootstrap_servers is None:
         _hint_embedded_broker()
     try:
@@ -220,18 +217,36 @@ def agent(config_path: Path | None, adopted: tuple[Path, ...], verbose: bool) ->
         raise click.ClickException(str(exc)) from exc
 
 
-def _hint_embedded_broker() -> None:
-    """A spool-only agent is a valid set-up, so it is never pointed at the embedded broker
-    behind its operator's back; but one that runs here is likely what was meant."""
+def _configure_logging(verbose: bool) -> None:
+    """What the long-running commands (agent, consume) log goes to stderr, with its time."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _embedded_broker_address() -> str | None:
     try:
         found = running_embedded_broker()
     except BrokerError:
-        return
-    if found is not None:
+        return None
+    return None if found is None else found[0].bootstrap_servers
+
+
+# The embedded broker (tansu) holds a group's first join for half of session.timeout.ms:
+# librdkafka's 45 s default meant 23 s before a consumer's first partitions.
+_LOCAL_BROKER_KAFKA = {"session.timeout.ms": "6000"}
+
+
+def _hint_embedded_broker() -> None:
+    """A spool-only agent is a valid set-up, so it is never pointed at the embedded broker
+    behind its operator's back; but one that runs here is likely what was meant."""
+    address = _embedded_broker_address()
+    if address is not None:
         logging.getLogger(__name__).warning(
             "no kafka.bootstrap_servers: spooling only, sending nothing; to ship to the "
             "embedded broker running here, set EVENTSPOOL_KAFKA_BOOTSTRAP_SERVERS=%s",
-            found[0].bootstrap_servers,
+            address,
         )
 
 
@@ -336,6 +351,7 @@ main.add_command(broker)
     help="Seconds between status lines on stderr (0: none).",
 )
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics here.")
+@click.option("-v", "--verbose", is_flag=True, help="Log at debug level.")
 def consume(
     *,
     group: str,
@@ -356,6 +372,7 @@ def consume(
     kafka_options: tuple[str, ...],
     status_interval: float,
     metrics_port: int | None,
+    verbose: bool,
 ) -> None:
     """Run HANDLER on every event of the topics, in worker processes.
 
@@ -365,7 +382,19 @@ def consume(
     # Like `python -m`, resolve the handler's module from the current directory too.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    _configure_logging(verbose)
     kafka = _kafka_settings(kafka_options)
+    if bootstrap_servers == _embedded_broker_address():
+        local = {k: v for k, v in _LOCAL_BROKER_KAFKA.items() if k not in kafka}
+        if local:
+            kafka = {**kafka, **local}
+            click.echo(
+                "on the embedded broker: "
+                + ", ".join(f"{k}={v}" for k, v in local.items())
+                + " (it holds a group's first join for half the session timeout; "
+                "--kafka session.timeout.ms=N to choose)",
+                err=True,
+            )
     try:
         settings = ConsumerSettings(
             ordering=Ordering(ordering),
