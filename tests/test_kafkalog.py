@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -71,3 +73,27 @@ def test_a_spool_with_no_broker_logs_a_few_lines_not_one_per_attempt(
     lines = [r for r in caplog.records if r.name == LOGGER_NAME and r.levelno >= logging.ERROR]
     assert 1 <= len(lines) <= 3, [r.getMessage() for r in lines]
     assert "is a broker running there?" in lines[0].getMessage()
+
+
+def test_without_logging_configured_a_wrong_address_is_said_once_on_stderr() -> None:
+    """Python's last resort prints warnings and errors when the application configured no
+    logging; eventspool does not silence it, and the repeats are cut."""
+    script = (
+        "import sys, tempfile, time\n"
+        "from eventspool import Spool\n"
+        "with Spool(tempfile.mkdtemp(), sys.argv[1]) as spool:\n"
+        "    spool.send('orders', b'x')\n"
+        "    time.sleep(3)\n"
+        "    spool.close(timeout=0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, f"127.0.0.1:{find_free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "Connection refused" in line]
+    assert len(lines) == 1, done.stderr
+    assert "is a broker running there?" in lines[0]

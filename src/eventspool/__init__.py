@@ -1,9 +1,5 @@
 """eventspool: hand an event to a durable local spool and go on; a sender ships it to Kafka."""
 
-# Not bound as `logging`: that name is our submodule's, and logging.config's dictConfig
-# resolves "eventspool.logging.SpoolHandler" by attribute before it imports.
-import logging as _stdlib_logging
-
 from eventspool.config import Durability, FullPolicy, QueueSettings, SpoolSettings
 from eventspool.errors import (
     CorruptQueueError,
@@ -43,5 +39,7 @@ __all__ = [
     "UnroutableError",
 ]
 
-# A library logs; the application decides where that goes (no lastResort output).
-_stdlib_logging.getLogger("eventspool").addHandler(_stdlib_logging.NullHandler())
+# No NullHandler on the "eventspool" logger: where the application configured no logging,
+# Python's own last resort prints warnings and errors to stderr, and a spool that cannot
+# reach its brokers, or a queue that stalls, must not stay silent. librdkafka's repeats
+# are cut to one line per broker and kind per 30 s (kafkalog.py).
