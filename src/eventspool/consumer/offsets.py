@@ -99,9 +99,14 @@ class PartitionOffsets:
 
 
 class CommitPolicy:
-    """Commit after `every_n` finished events or `every_s` seconds, whichever comes first."""
+    """Commit after `every_n` finished events or `every_s` seconds, whichever comes first.
 
-    __slots__ = ("_clock", "_every_n", "_every_s", "_finished", "_last")
+    A commit that failed, or whose offset an older commit overwrote, is due again
+    `every_s` after it was sent even if no event finished since: once the last event
+    finished, nothing else would count towards the next commit.
+    """
+
+    __slots__ = ("_clock", "_every_n", "_every_s", "_finished", "_last", "_retry")
 
     def __init__(self, every_n: int, every_s: float, clock: Clock) -> None:
         if every_n < 1 or every_s <= 0:
@@ -110,16 +115,24 @@ class CommitPolicy:
         self._every_s = every_s
         self._clock = clock
         self._finished = 0
+        self._retry = False
         self._last = clock.monotonic()
 
     def finished(self, count: int = 1) -> None:
         self._finished += count
 
+    def retry(self) -> None:
+        """A commit did not store its offsets: commit again after the interval."""
+        self._retry = True
+
     def due(self) -> bool:
         if self._finished >= self._every_n:
             return True
-        return self._finished > 0 and self._clock.monotonic() - self._last >= self._every_s
+        waiting = self._finished > 0 or self._retry
+        return waiting and self._clock.monotonic() - self._last >= self._every_s
 
     def committed(self) -> None:
+        """A commit was sent: count from here."""
         self._finished = 0
+        self._retry = False
         self._last = self._clock.monotonic()

@@ -5,7 +5,7 @@ counts `max.poll.interval.ms` between those calls, paused or not), hands batches
 workers, pauses every assigned partition while `max_buffered` events are held and
 resumes below the threshold, and commits per partition only the end of the finished
 prefix: asynchronously on the count-or-time threshold, so a broker round trip never
-stalls intake, and blocking on revoke and shutdown, where the outcome must be known
+stalls intake, and on revoke and shutdown waiting for the outcome, which must be known
 before the partition is let go. Everything that touches consumer state runs on this
 one thread, rebalance callbacks included; other threads read a status snapshot it
 publishes.
@@ -89,11 +89,27 @@ _SNAPSHOT_EVERY_S = 0.25
 _BATCH_TARGET_S = 0.05
 _FORWARD_RETRY_S = 1.0
 _COMMITTED_TIMEOUT_S = 10.0
+# The final commit at a stop is tried this often, the waits between the tries doubling
+# from the backoff: NOT_COORDINATOR and REBALANCE_IN_PROGRESS clear within a second or so
+# while a group's coordinator moves. It may take until the shutdown deadline, and at least
+# the minimum however much of that the handlers used.
+_STOP_COMMIT_ATTEMPTS = 5
+_STOP_COMMIT_BACKOFF_S = 0.25
+_STOP_COMMIT_MIN_S = 5.0
+_LAG_JOIN_S = 1.0
 _FORCED_KAFKA = {"enable.auto.commit": False, "enable.auto.offset.store": False}
 # librdkafka stops fetching for `fetch.queue.backoff.ms` (default 1 s) once its local queue
 # holds `queued.min.messages` of the consumer's partitions together; a consumer that drains
 # that queue in under a second would then sit idle for the rest of it.
-_DEFAULT_KAFKA = {"auto.offset.reset": "earliest", "fetch.queue.backoff.ms": 100}
+# Its waits between attempts to reach a broker that refuses connections double up to
+# `reconnect.backoff.max.ms` (default 10 s, with up to +50% jitter): a coordinator back
+# after a 4 s outage was reached again up to 5.7 s later, one back after a longer outage
+# up to 15 s later. 1 s is the Java client's default.
+_DEFAULT_KAFKA = {
+    "auto.offset.reset": "earliest",
+    "fetch.queue.backoff.ms": 100,
+    "reconnect.backoff.max.ms": 1000,
+}
 
 
 class ConsumerError(EventspoolError):
@@ -143,7 +159,9 @@ class ConsumerStatus:
     """A snapshot the poll thread publishes every quarter second; `taken_at` is
     `time.monotonic()` when it was taken, so two snapshots give exact rates. `state` is
     created, starting, running, revoking (a rebalance waits for running handlers of the
-    partitions it takes away), stopping or stopped."""
+    partitions it takes away), stopping or stopped. `uncommitted` names the partitions
+    (`topic/partition`) whose finished offsets the last commit could not store: retried
+    at the next commit while running, delivered again after a stop."""
 
     group: str
     state: str
@@ -153,6 +171,7 @@ class ConsumerStatus:
     in_flight: int
     oldest_in_flight_s: float | None
     partitions: tuple[PartitionStatus, ...]
+    uncommitted: tuple[str, ...]
     counters: ConsumerCounters
     taken_at: float
 
@@ -174,6 +193,7 @@ class ConsumerStatus:
             f"processed={c.processed} retried={c.retried} dead_lettered={c.dead_lettered} "
             f"stale={c.stale} commits={c.commits} rebalances={c.rebalances} "
             f"worker_restarts={c.worker_restarts}"
+            + (f" uncommitted={','.join(self.uncommitted)}" if self.uncommitted else "")
         )
 
 
@@ -300,6 +320,10 @@ class Consumer:
         self._next_part = 0
         self._forwards: list[_Forward] = []
         self._counters = ConsumerCounters()
+        self._commits_in_flight = 0
+        # Partitions whose acknowledged offset a late answer to an older commit came after.
+        self._overtaken: set[TopicPartitionKey] = set()
+        self._commit_errors: dict[TopicPartitionKey, str] = {}
         self._held = 0
         self._paused = False
         self._full_since: float | None = None
@@ -368,13 +392,20 @@ class Consumer:
 
     def stop(self, timeout: float | None = None) -> ConsumerStatus:
         """Stop taking events, let running handlers finish (up to `shutdown_timeout_s`),
-        commit what is done and leave the group."""
+        commit what is done and leave the group. The status returned names in
+        `uncommitted` the partitions whose finished offsets could not be committed."""
         self.request_stop()
         return self.join(timeout)
 
     def join(self, timeout: float | None = None) -> ConsumerStatus:
-        for thread in self._threads:
-            thread.join(timeout)
+        """Wait for the poll thread, which commits and leaves the group, and briefly for
+        the lag thread: an end-offset probe takes milliseconds, but runs to its timeout
+        (10 s) against a partition leader that does not answer, and only the status's
+        end offsets depend on it."""
+        if self._threads:
+            poll, lag = self._threads
+            poll.join(timeout)
+            lag.join(_LAG_JOIN_S)
         if self._failure is not None:
             raise ConsumerError(f"consumer poll thread failed: {self._failure}") from self._failure
         return self.status()
@@ -912,31 +943,39 @@ class Consumer:
         """Commit the finished prefix of each partition. Without `wait` the outcome comes
         to `_on_commit` from a later consume() on this thread."""
         offsets: list[TopicPartition] = []
-        by_key: dict[TopicPartitionKey, tuple[_PartitionState, int]] = {}
         for key, state in states:
-            offset = state.offsets.committable()
+            offset = self._to_commit(key, state)
             if offset is not None and state.active:
                 offsets.append(TopicPartition(key[0], key[1], offset))
-                by_key[key] = (state, offset)
         self._policy.committed()
         if not offsets:
             return
         try:
             results = self._kafka.commit(offsets=offsets, asynchronous=not wait)
         except KafkaException as exc:
-            log.warning("consumer group %s: commit failed: %s", self.group, exc)
-            for key in by_key:
-                self._commit_failed(key)
+            self._commits_failed({(tp.topic, tp.partition): _reason(exc) for tp in offsets})
             return
         if wait:
             self._commit_done(None, results or ())
+        else:
+            self._commits_in_flight += 1
+
+    def _to_commit(self, key: TopicPartitionKey, state: _PartitionState) -> int | None:
+        """The offset to commit: the end of the finished prefix if it moved on, else the
+        acknowledged offset again if an older commit was answered after it."""
+        offset = state.offsets.committable()
+        if offset is None and key in self._overtaken:
+            return state.offsets.committed
+        return offset
 
     def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """librdkafka's report of an asynchronous commit (blocking ones are not reported
         here; `_commit` settles those itself)."""
+        self._commits_in_flight -= 1
         self._commit_done(error, partitions)
 
     def _commit_done(self, error: KafkaError | None, results: Iterable[TopicPartition]) -> None:
+        failed: dict[TopicPartitionKey, str] = {}
         for result in results:
             key = (result.topic, result.partition)
             state = self._partitions.get(key)
@@ -944,16 +983,49 @@ class Consumer:
                 continue
             problem = result.error or error
             if problem is not None and problem.code() != KafkaError._NO_OFFSET:
-                log.warning("consumer group %s: commit of %s failed: %s", self.group, key, problem)
-                self._commit_failed(key)
+                failed[key] = problem.str()
             elif result.offset >= 0:
-                state.offsets.mark_committed(result.offset)
+                self._acknowledged(key, state, result.offset)
         self._counters.commits += 1
+        if failed:
+            self._commits_failed(failed)
 
-    def _commit_failed(self, key: TopicPartitionKey) -> None:
-        """Drop the partition's waiting events and fetch them again: the partition may
-        have moved to another member, whose work they would duplicate."""
+    def _acknowledged(self, key: TopicPartitionKey, state: _PartitionState, offset: int) -> None:
+        """The broker stored `offset`. librdkafka retries a commit that met NOT_COORDINATOR
+        once it found the coordinator again, after commits sent later, and answers them in
+        the order the broker stored them: an answer behind one before it means the broker
+        may hold that older offset now. Taking the furthest answer for the stored offset
+        left groups committed thousands of events short for good; such a partition is
+        committed again at the next opportunity."""
+        committed = state.offsets.committed
+        if committed is not None and offset < committed:
+            self._overtaken.add(key)
+            self._policy.retry()
+        else:
+            self._overtaken.discard(key)
+        state.offsets.mark_committed(offset)
+        self._commit_errors.pop(key, None)
+
+    def _commits_failed(self, reasons: dict[TopicPartitionKey, str]) -> None:
+        """One line per failed commit; while stopping, the stop's own report of what it
+        could not commit is the warning."""
+        log.log(
+            logging.INFO if self._state == "stopping" else logging.WARNING,
+            "consumer group %s: commit of %s failed: %s",
+            self.group,
+            ", ".join(f"{topic}/{partition}" for topic, partition in reasons),
+            "; ".join(sorted(set(reasons.values()))),
+        )
+        for key, reason in reasons.items():
+            self._commit_failed(key, reason)
+
+    def _commit_failed(self, key: TopicPartitionKey, reason: str) -> None:
+        """Retry the commit after the interval; drop the partition's waiting events and
+        fetch them again: the partition may have moved to another member, whose work they
+        would duplicate."""
         self._counters.commit_failures += 1
+        self._commit_errors[key] = reason
+        self._policy.retry()
         state = self._partitions.get(key)
         dropped = self._scheduler.drop_partition(key)
         if state is None or not dropped:
@@ -1015,8 +1087,10 @@ class Consumer:
         for tp in committed:
             start = tp.offset if tp.offset >= 0 else None
             self._partitions[(tp.topic, tp.partition)] = _PartitionState(PartitionOffsets(start))
-        if self._paused:
-            kafka.pause(partitions)
+        # librdkafka keeps a partition paused through its revocation and a new assignment:
+        # one taken away while paused and given back after the pause ended was never
+        # fetched again. The pause is ours, so each assignment gets it as it stands.
+        (kafka.pause if self._paused else kafka.resume)(partitions)
         log.info("consumer group %s: assigned %s", self.group, _names(partitions))
         self._publish_status(force=True)
         self._lag_wakeup.set()
@@ -1049,6 +1123,7 @@ class Consumer:
                 self._state = previous
         for key, state in states.items():
             state.active = False
+            self._release_commit_state(key, state, lost=not commit)
             self._counters.abandoned += state.held
             self._held -= state.held
             del self._partitions[key]
@@ -1061,6 +1136,17 @@ class Consumer:
             _names(partitions),
         )
         self._publish_status(force=True)
+
+    def _release_commit_state(
+        self, key: TopicPartitionKey, state: _PartitionState, *, lost: bool
+    ) -> None:
+        """A partition let go while running is the next owner's to commit; one let go
+        while stopping with finished offsets not committed stays in `uncommitted`."""
+        if self._state != "stopping" or self._to_commit(key, state) is None:
+            self._commit_errors.pop(key, None)
+        elif lost:
+            self._commit_errors[key] = "the partition was lost with the group membership"
+        self._overtaken.discard(key)
 
     def _drop_waiting(self, states: dict[TopicPartitionKey, _PartitionState]) -> None:
         for key, state in states.items():
@@ -1112,8 +1198,53 @@ class Consumer:
         self._pool.stop()
         if self._producer is not None:
             self._producer.flush(max(deadline - time.monotonic(), 1.0))
-        self._commit(list(self._partitions.items()))
+        self._commit_at_stop(max(deadline, time.monotonic() + _STOP_COMMIT_MIN_S))
+        # close() revokes them: their commit is settled, and a blocking one there could
+        # wait out session.timeout.ms for a coordinator that is gone.
+        self._partitions.clear()
         self._kafka.close()
+
+    def _commit_at_stop(self, deadline: float) -> None:
+        """Commit every finished offset, trying again with a backoff while it fails. Each
+        try is asynchronous and its answer awaited to `deadline` (a blocking commit waits
+        for a missing coordinator as long as librdkafka likes); the partitions left are
+        logged and published as `uncommitted`."""
+        backoff = _STOP_COMMIT_BACKOFF_S
+        for attempt in range(_STOP_COMMIT_ATTEMPTS + 1):
+            self._serve_kafka(deadline, lambda: not self._commits_in_flight)
+            if self._commits_in_flight or attempt == _STOP_COMMIT_ATTEMPTS:
+                break
+            if not any(self._to_commit(k, s) is not None for k, s in self._partitions.items()):
+                break
+            if attempt:
+                self._serve_kafka(min(time.monotonic() + backoff, deadline), lambda: False)
+                backoff *= 2
+            if time.monotonic() >= deadline:
+                break
+            self._commit(list(self._partitions.items()), wait=False)
+        unanswered = self._commits_in_flight > 0
+        for key, state in self._partitions.items():
+            if self._to_commit(key, state) is not None:
+                self._commit_errors[key] = (
+                    "no answer before the stop deadline"
+                    if unanswered
+                    else self._commit_errors.get(key, "no time left before the stop deadline")
+                )
+        if self._commit_errors:
+            log.warning(
+                "consumer group %s: could not commit %s; their events after the committed "
+                "offsets will be delivered again",
+                self.group,
+                ", ".join(
+                    f"{t}/{p} ({why})" for (t, p), why in sorted(self._commit_errors.items())
+                ),
+            )
+
+    def _serve_kafka(self, until: float, done: Callable[[], bool]) -> None:
+        """Let librdkafka report commits and rebalances until `done()` or `until`; this
+        keeps the membership alive too. Anything fetched now is not taken."""
+        while not done() and (left := until - time.monotonic()) > 0:
+            self._kafka.consume(1, min(left, _IDLE_POLL_S))
 
     def _abort(self) -> None:
         if self._pool is not None:
@@ -1158,15 +1289,20 @@ class Consumer:
             + sum(part.left for part in self._parts.values()),
             oldest_in_flight_s=now - min(starts) if starts else None,
             partitions=partitions,
+            uncommitted=tuple(
+                f"{topic}/{partition}" for topic, partition in sorted(self._commit_errors)
+            ),
             counters=dataclasses.replace(self._counters),
             taken_at=now,
         )
 
     def _lag_loop(self) -> None:
         """Measure true end offsets on a timer, off the poll thread: the probe may take a
-        fetch round trip per partition, which the poll loop must never wait for."""
+        fetch round trip per partition, which the poll loop must never wait for. A stop
+        ends it without another probe: one against a partition leader that does not
+        answer runs to its timeout (10 s), long after the consumer stopped."""
         kafka = {**self._settings.kafka, "bootstrap.servers": self._bootstrap}
-        while not self._stopped.is_set():
+        while not self._stop_requested.is_set():
             status = self._shared.status
             keys = [(p.topic, p.partition) for p in status.partitions] if status else []
             if keys:
@@ -1198,6 +1334,12 @@ def _collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+def _reason(exc: KafkaException) -> str:
+    """librdkafka's words for a failed call, without the KafkaError{...} around them."""
+    error = exc.args[0] if exc.args else None
+    return error.str() if isinstance(error, KafkaError) else str(exc)
 
 
 def _names(partitions: Iterable[TopicPartition]) -> str:
