@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import logging
 import os
 import signal
 import subprocess
@@ -511,7 +512,7 @@ def test_stale_events_are_skipped_counted_and_forwarded(
 
 
 def test_a_poisoned_event_is_retried_then_dead_lettered_with_error_headers(
-    broker: LocalBroker, topic_factory: Any, tmp_path: Path
+    broker: LocalBroker, topic_factory: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = topic_factory(1)
     values = [b"ok-0", b"poison-1", b"ok-2"]
@@ -525,7 +526,7 @@ def test_a_poisoned_event_is_retried_then_dead_lettered_with_error_headers(
         retry_backoff_s=0.05,
         commit_every_s=0.1,
     )
-    with consumer:
+    with caplog.at_level(logging.WARNING, logger="eventspool.consumer"), consumer:
         wait_for(lambda: consumer.status().counters.dead_lettered == 1, 30, "a dead letter")
         wait_for(lambda: consumer.status().counters.processed == 2, 30, "the good events")
         wait_for(
@@ -545,6 +546,11 @@ def test_a_poisoned_event_is_retried_then_dead_lettered_with_error_headers(
     assert b"poisoned value" in headers["dlq.error.message"]
     assert b"Traceback" in headers["dlq.error.traceback"]
     assert (headers["dlq.original.offset"], headers["dlq.attempts"]) == (b"1", b"3")
+    # The traceback is in the log too, once, with the first failed attempt.
+    failures = [r.getMessage() for r in caplog.records if "handler failed on" in r.getMessage()]
+    assert len(failures) == 3
+    assert "Traceback" in failures[0] and "poisoned value" in failures[0]
+    assert not any("Traceback" in line for line in failures[1:])
 
 
 def _consume_cli(

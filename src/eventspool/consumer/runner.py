@@ -823,10 +823,12 @@ class Consumer:
     def _log_failure(
         self, topic: str, partition: int, offset: int, attempt: int, failure: Failure
     ) -> None:
+        """One line per failed attempt; the first also carries the handler's traceback,
+        which would otherwise be found only in the dead-letter topic's headers."""
         self._counters.failed += 1
-        error_type, message, _ = failure
+        error_type, message, trace = failure
         log.warning(
-            "consumer group %s: handler failed on %s/%d@%d (attempt %d): %s: %s",
+            "consumer group %s: handler failed on %s/%d@%d (attempt %d): %s: %s%s",
             self.group,
             topic,
             partition,
@@ -834,6 +836,7 @@ class Consumer:
             attempt,
             error_type,
             message,
+            f"\n{trace.rstrip()}" if attempt == 1 and trace else "",
         )
 
     # ----------------------------------------------------------------- forwarding
