@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -15,17 +14,11 @@ from pyspark.sql import SparkSession
 from eventspool.broker.mock import MockCluster
 from eventspool.spark.source import FORMAT
 from tests.spark.conftest import SPARK_MARKS, produce
+from tests.spark.test_source import _wait_for
 
 pytestmark = SPARK_MARKS
 
 PARTITIONS = 6
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.5)
 
 
 def test_a_streaming_query_reads_through_leader_moves_and_a_broker_down(
