@@ -1250,10 +1250,13 @@ class Consumer:
             self._kafka.consume(1, min(left, _IDLE_POLL_S))
 
     def _abort(self) -> None:
+        """After a failure: stop the workers and leave the group, committing nothing. The
+        revoke callback that close() runs meets the workers' closed pipes (OSError); the
+        failure that brought us here is the one to report."""
         if self._pool is not None:
             self._pool.stop(timeout=1.0)
         if self._kafka is not None:
-            with contextlib.suppress(KafkaException, RuntimeError):
+            with contextlib.suppress(KafkaException, RuntimeError, OSError):
                 self._kafka.close()
 
     # ----------------------------------------------------------------- visibility
