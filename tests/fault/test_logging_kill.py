@@ -100,7 +100,9 @@ def test_sigkill_after_100k_records_loses_none_whose_emit_returned(
         [str(directory), broker.bootstrap_servers, topic, str(THREADS), str(RECORDS)],
         until=_wait_for_done,
     )
-    assert not report.stderr, f"the handler reported errors: {report.stderr[-2000:]}"
+    # What the handler reports goes through handleError, as "--- Logging error ---"; the
+    # sender's own warnings (a topic of one replica on tansu) may be there too.
+    assert "Logging error" not in report.stderr, f"the handler reported errors: {report.stderr}"
     *emitted_lines, done = report.lines
     emitted = {int(line) for line in emitted_lines}
     assert emitted == set(range(RECORDS))
