@@ -235,12 +235,9 @@ def test_partitions_revoked_while_paused_are_fetched_again_when_given_back(
     assert committed == ends
 
 
-def test_stop_retries_its_commit_while_the_coordinator_answers_with_errors(
-    cluster: MockCluster, tmp_path: Path
-) -> None:
-    """Nothing is committed before stop(); its commit meets three errors that fail it
-    outright and one that librdkafka retries itself, and is tried again until it
-    lands."""
+def _handled_without_commits(cluster: MockCluster, tmp_path: Path) -> tuple[str, str, Consumer]:
+    """A started consumer that has handled every event of a filled topic and committed
+    none of them (its thresholds are out of reach): what stop() commits is the test's."""
     topic = _topic(cluster)
     ids = _fill(cluster, topic, keyed=True)
     group = f"group-{uuid.uuid4().hex[:8]}"
@@ -257,6 +254,20 @@ def test_stop_retries_its_commit_while_the_coordinator_answers_with_errors(
     consumer.start()
     try:
         wait_for(_all_handled(out, ids), 60, "every event handled")
+    except BaseException:
+        consumer.stop()
+        raise
+    return topic, group, consumer
+
+
+def test_stop_retries_its_commit_while_the_coordinator_answers_with_errors(
+    cluster: MockCluster, tmp_path: Path
+) -> None:
+    """Nothing is committed before stop(); its commit meets three errors that fail it
+    outright and one that librdkafka retries itself, and is tried again until it
+    lands."""
+    topic, group, consumer = _handled_without_commits(cluster, tmp_path)
+    try:
         cluster.push_request_errors(
             ApiKey.OFFSET_COMMIT,
             [
@@ -277,23 +288,9 @@ def test_stop_retries_its_commit_while_the_coordinator_answers_with_errors(
 def test_stop_names_the_partitions_it_could_not_commit(
     cluster: MockCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    topic = _topic(cluster)
-    ids = _fill(cluster, topic, keyed=True)
-    group = f"group-{uuid.uuid4().hex[:8]}"
-    out = tmp_path / "handled"
-    consumer = _consumer(
-        cluster,
-        topic,
-        group,
-        functools.partial(record_to, out),
-        SHORT_SESSION,
-        commit_every_n=10 * EVENTS,
-        commit_every_s=3600,
-    )
-    consumer.start()
+    topic, group, consumer = _handled_without_commits(cluster, tmp_path)
     with caplog.at_level(logging.WARNING, logger="eventspool.consumer"):
         try:
-            wait_for(_all_handled(out, ids), 60, "every event handled")
             cluster.push_request_errors(
                 ApiKey.OFFSET_COMMIT, [KafkaError.REBALANCE_IN_PROGRESS] * 100
             )
