@@ -31,12 +31,12 @@ from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
-from eventspool.client.common import event_payload
 from eventspool.client.sync import AgentError, Client
 from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import validate_topic
 from eventspool.errors import EventspoolError, InvalidTopicError, SpoolClosedError, SpoolFullError
 from eventspool.pipeline import Spool
+from eventspool.wire.checks import event_payload
 
 __all__ = ["AgentHandler", "JsonFormatter", "LogDeliveryError", "SpoolHandler"]
 

@@ -33,35 +33,11 @@ from eventspool.spool.budget import BudgetUse
 from eventspool.spool.lock import OwnerLock
 from eventspool.spool.registry import QueueRef, QueueRegistry, TopicQueues
 from eventspool.spool.ring import RecoveryReport, RingQueue
+from eventspool.wire.checks import bad_value, one_target, text_key
 
 log = logging.getLogger(__name__)
 
 _FLUSH_POLL_S = 0.005
-
-
-def _bad_value(value: object, kind: str, name: str | None) -> InvalidEventError:
-    return InvalidEventError(
-        f"value for {kind} {name!r} must be bytes or None, got {type(value).__name__}"
-        + (": encode it first, e.g. value.encode()" if isinstance(value, str) else "")
-    )
-
-
-def _text_key(key: object, kind: str, name: str | None) -> bytes:
-    """A str key as UTF-8; anything else that is not bytes or None is an error.
-
-    `kind` and `name` ("topic", "orders") only make the message: formatting it on every
-    call would tax every send with a str key.
-    """
-    if not isinstance(key, str):
-        raise InvalidEventError(
-            f"key for {kind} {name!r} must be bytes, str or None, got {type(key).__name__}"
-        )
-    try:
-        return key.encode()
-    except UnicodeEncodeError as exc:
-        raise InvalidEventError(
-            f"key for {kind} {name!r} is not encodable as UTF-8: {exc.reason}"
-        ) from None
 
 
 class Spool(SpoolFront):
@@ -131,20 +107,16 @@ class Spool(SpoolFront):
         """
         own_id = None if event_id is None else caller_event_id(event_id)
         if exchange is not None:
-            if topic is not None:
-                raise InvalidEventError(
-                    f"send() got topic {topic!r} and exchange {exchange!r}: give one of them "
-                    "(topic=None to route through the exchange)"
-                )
+            one_target(topic, exchange)
             return self._publish(exchange, routing_key, value, key, headers, own_id)
         try:
             queues = self._topics[topic]
         except (KeyError, TypeError):
             queues = self._open_topic(topic)
         if value is not None and type(value) is not bytes:
-            raise _bad_value(value, "topic", topic)
+            raise bad_value(value, "topic", topic)
         if key is not None and type(key) is not bytes:
-            key = _text_key(key, "topic", topic)
+            key = text_key(key, "topic", topic)
         if headers is None and own_id is None:
             spooled_id = queues.route.send(key, value)
             if spooled_id is not None:
@@ -203,9 +175,9 @@ class Spool(SpoolFront):
             validate_routing_key(routing_key)
         raw_routing_key = routing_key_bytes(routing_key)
         if value is not None and type(value) is not bytes:
-            raise _bad_value(value, "exchange", exchange)
+            raise bad_value(value, "exchange", exchange)
         if key is not None and type(key) is not bytes:
-            key = _text_key(key, "exchange", exchange)
+            key = text_key(key, "exchange", exchange)
         route = self._exchanges.route(exchange, routing_key)
         header_list = normalize_headers(headers) or []
         header_list.append(("exchange", exchange.encode()))

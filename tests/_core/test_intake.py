@@ -16,7 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventspool._core.native import decode_results, intake_send
-from eventspool.agent.protocol import (
+from eventspool.config import QueueSettings, SpoolSettings
+from eventspool.envelope import decode
+from eventspool.pipeline import Spool
+from eventspool.wire.protocol import (
     FrameDecoder,
     FrameType,
     Status,
@@ -24,9 +27,6 @@ from eventspool.agent.protocol import (
     decode_send_result,
     encode_send,
 )
-from eventspool.config import QueueSettings, SpoolSettings
-from eventspool.envelope import decode
-from eventspool.pipeline import Spool
 
 TOPIC = "intake"
 SETTINGS = SpoolSettings(max_event_bytes=4096, queue=QueueSettings(capacity_bytes=1 << 20))

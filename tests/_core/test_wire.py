@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eventspool._core.native import encode_wire_event
-from eventspool.agent.protocol import WireEvent, decode_send, encode_send_payloads
+from eventspool.wire.protocol import WireEvent, decode_send, encode_send_payloads
 
 EVENT_ID = "0190a5c3-7e1f-7a00-8c2b-3d4e5f607182"
 

@@ -22,7 +22,12 @@ import pytest
 from click.testing import CliRunner
 
 from eventspool import EventTooLargeError, InvalidTopicError
-from eventspool.agent.protocol import (
+from eventspool.broker import LocalBroker, find_free_port
+from eventspool.cli import main
+from eventspool.client.sync import AgentError, Client
+from eventspool.testing.agent import AgentProcess
+from eventspool.verify import consume_event_ids, ledger
+from eventspool.wire.protocol import (
     Frame,
     FrameDecoder,
     FrameType,
@@ -32,11 +37,6 @@ from eventspool.agent.protocol import (
     decode_send_result,
     encode_send,
 )
-from eventspool.broker import LocalBroker, find_free_port
-from eventspool.cli import main
-from eventspool.client.sync import AgentError, Client
-from eventspool.testing.agent import AgentProcess
-from eventspool.verify import consume_event_ids, ledger
 from tests.agent.conftest import AgentFactory, call
 
 

@@ -31,7 +31,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from eventspool.agent.protocol import (
+from eventspool.broker import LocalBroker
+from eventspool.client.sync import Client
+from eventspool.config import validate_topic
+from eventspool.errors import InvalidTopicError
+from eventspool.testing.agent import AgentProcess
+from eventspool.verify import consume_event_ids, ledger
+from eventspool.wire.protocol import (
     DEFAULT_MAX_FRAME,
     FRAME_HEADER,
     HEADER_SIZE,
@@ -44,12 +50,6 @@ from eventspool.agent.protocol import (
     decode_send_result,
     encode_frame,
 )
-from eventspool.broker import LocalBroker
-from eventspool.client.sync import Client
-from eventspool.config import validate_topic
-from eventspool.errors import InvalidTopicError
-from eventspool.testing.agent import AgentProcess
-from eventspool.verify import consume_event_ids, ledger
 from tests.agent.conftest import AgentFactory
 
 RecordProperty = Callable[[str, object], None]

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from eventspool.agent.protocol import FrameType, WireEvent, encode_frame, encode_send
 from eventspool.broker import LocalBroker
 from eventspool.client.sync import Client
 from eventspool.verify import consume_event_ids, ledger
+from eventspool.wire.protocol import FrameType, WireEvent, encode_frame, encode_send
 from tests.agent.conftest import AgentFactory
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,10 @@ from hypothesis import strategies as st
 from eventspool._core.native import decode_results
 from eventspool.agent.access import Grant, Peer, PeerRule, PeerRules
 from eventspool.agent.config import ConfigError, load_agent_config
-from eventspool.agent.protocol import (
+from eventspool.broker import LocalBroker
+from eventspool.client.sync import Client
+from eventspool.testing.agent import AgentProcess
+from eventspool.wire.protocol import (
     FrameDecoder,
     FrameType,
     Status,
@@ -28,9 +31,6 @@ from eventspool.agent.protocol import (
     decode_error,
     encode_send,
 )
-from eventspool.broker import LocalBroker
-from eventspool.client.sync import Client
-from eventspool.testing.agent import AgentProcess
 
 NOBODY = 65534
 patterns = st.lists(st.sampled_from(["a", "b", "a*", "*", "c?"]), max_size=3)

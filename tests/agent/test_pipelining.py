@@ -11,7 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from eventspool.agent.protocol import (
+from eventspool.broker import find_free_port
+from eventspool.client.sync import Client
+from eventspool.testing.agent import AgentProcess
+from eventspool.wire.protocol import (
     Frame,
     FrameDecoder,
     FrameType,
@@ -21,9 +24,6 @@ from eventspool.agent.protocol import (
     encode_frame,
     encode_send,
 )
-from eventspool.broker import find_free_port
-from eventspool.client.sync import Client
-from eventspool.testing.agent import AgentProcess
 
 BLOCK_TIMEOUT_S = 2.0
 EVENT = b"e" * 90_000  # five of these fill the blocked topic's 512 KiB queue

@@ -13,7 +13,8 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from eventspool.agent.protocol import (
+from eventspool.errors import EventspoolError
+from eventspool.wire.protocol import (
     DEFAULT_MAX_FRAME,
     FRAME_HEADER,
     HEADER_SIZE,
@@ -38,7 +39,6 @@ from eventspool.agent.protocol import (
     encode_send,
     encode_send_result,
 )
-from eventspool.errors import EventspoolError
 
 FUZZ = settings(
     max_examples=2000,

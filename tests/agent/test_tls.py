@@ -29,15 +29,6 @@ from hypothesis import strategies as st
 
 from eventspool.agent.access import Peer, PeerRule, PeerRules, token_digest
 from eventspool.agent.config import ConfigError, load_agent_config
-from eventspool.agent.protocol import (
-    FrameDecoder,
-    FrameType,
-    Status,
-    WireEvent,
-    decode_error,
-    encode_frame,
-    encode_send,
-)
 from eventspool.broker import LocalBroker
 from eventspool.broker.local import find_free_port
 from eventspool.client.aio import AsyncClient
@@ -46,6 +37,15 @@ from eventspool.errors import ForbiddenError
 from eventspool.testing.agent import AgentProcess
 from eventspool.testing.tls import Pki, have_openssl
 from eventspool.verify import consume_event_ids, ledger
+from eventspool.wire.protocol import (
+    FrameDecoder,
+    FrameType,
+    Status,
+    WireEvent,
+    decode_error,
+    encode_frame,
+    encode_send,
+)
 from tests.agent.conftest import AgentFactory, call
 from tests.agent.test_peer_rules import assert_grant_is_the_union
 

@@ -23,9 +23,9 @@ import pytest
 
 from eventspool import EventTooLargeError, InvalidEventError, InvalidTopicError
 from eventspool.broker import LocalBroker
-from eventspool.client.common import BatchEvent
 from eventspool.client.sync import AgentError, Client
 from eventspool.verify import consume_event_ids, ledger
+from eventspool.wire.checks import BatchEvent
 from tests.agent import conftest as agent_fixtures
 from tests.agent.conftest import AgentFactory
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from eventspool import SpoolFullError
-from eventspool.agent.protocol import Status
 from eventspool.broker import find_free_port
 from eventspool.client.sync import Client
 from eventspool.testing.agent import AgentProcess
+from eventspool.wire.protocol import Status
 from tests.agent.conftest import call
 from tests.conftest import SmallDiskFactory
 

@@ -1,5 +1,5 @@
 # The agent's intake: one SEND frame parsed and written into the rings in one call.
-# Included by native.pyx. The frame format is written out in eventspool/agent/protocol.py.
+# Included by native.pyx. The frame format is written out in eventspool/wire/protocol.py.
 
 cdef enum:
     SEND_MAX_EVENTS = 10000  # protocol.MAX_EVENTS_PER_SEND

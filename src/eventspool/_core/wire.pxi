@@ -1,6 +1,6 @@
 # The client's side of the wire: one event of a SEND (or PUBLISH) body, encoded when
 # the caller hands it over, so a queued event is a bytes object and a frame is a join.
-# Included by native.pyx. The format is written out in eventspool/agent/protocol.py.
+# Included by native.pyx. The format is written out in eventspool/wire/protocol.py.
 
 cdef enum:
     WIRE_EVENT_ID = 8

@@ -39,7 +39,14 @@ from typing import Any
 
 import h11
 
-from eventspool.agent.protocol import (
+from eventspool.errors import (
+    ExchangeConflictError,
+    InvalidExchangeError,
+    QueueFileError,
+    UnknownExchangeError,
+)
+from eventspool.routing.exchanges import Exchange
+from eventspool.wire.protocol import (
     MAX_EVENTS_PER_SEND,
     EventResult,
     PublishRequest,
@@ -48,13 +55,6 @@ from eventspool.agent.protocol import (
     Status,
     WireEvent,
 )
-from eventspool.errors import (
-    ExchangeConflictError,
-    InvalidExchangeError,
-    QueueFileError,
-    UnknownExchangeError,
-)
-from eventspool.routing.exchanges import Exchange
 
 _READ_SIZE = 64 * 1024
 _HTTP_STATUS = {

@@ -44,7 +44,18 @@ from typing import cast
 from eventspool._core.native import intake_send
 from eventspool.agent.access import AllowList, Grant, Peer, PeerRules, token_digest
 from eventspool.agent.http import HttpHandlers, looks_like_http, serve_http
-from eventspool.agent.protocol import (
+from eventspool.agent.quotas import Quotas
+from eventspool.agent.tls import common_name
+from eventspool.config import Durability, FullPolicy
+from eventspool.errors import (
+    DiskFullError,
+    UnknownExchangeError,
+)
+from eventspool.metrics import render
+from eventspool.pipeline import Spool
+from eventspool.routing.exchanges import Exchange
+from eventspool.routing.table import ExchangeInfo
+from eventspool.wire.protocol import (
     DEFAULT_MAX_FRAME,
     EventResult,
     Frame,
@@ -62,24 +73,8 @@ from eventspool.agent.protocol import (
     encode_send_result,
     encode_text,
 )
-from eventspool.agent.quotas import Quotas
-from eventspool.agent.tls import common_name, openssl_text
-from eventspool.config import Durability, FullPolicy
-from eventspool.errors import (
-    DiskFullError,
-    EventTooLargeError,
-    InvalidEventError,
-    InvalidTopicError,
-    SpoolBudgetError,
-    SpoolClosedError,
-    SpoolFullError,
-    UnknownExchangeError,
-    UnroutableError,
-)
-from eventspool.metrics import render
-from eventspool.pipeline import Spool
-from eventspool.routing.exchanges import Exchange
-from eventspool.routing.table import ExchangeInfo
+from eventspool.wire.status import status_for
+from eventspool.wire.tls import openssl_text
 
 log = logging.getLogger(__name__)
 
@@ -565,19 +560,6 @@ def exchange_json(info: ExchangeInfo) -> dict[str, object]:
     }
 
 
-_STATUS_OF_ERROR: tuple[tuple[type[Exception], Status], ...] = (
-    (DiskFullError, Status.NO_SPACE),
-    (SpoolBudgetError, Status.OVER_BUDGET),
-    (InvalidTopicError, Status.INVALID_TOPIC),
-    (EventTooLargeError, Status.TOO_LARGE),
-    (UnknownExchangeError, Status.UNKNOWN_EXCHANGE),
-    (InvalidEventError, Status.MALFORMED),
-    (UnroutableError, Status.UNROUTABLE),
-    (SpoolFullError, Status.SPOOL_FULL),
-    (SpoolClosedError, Status.SHUTTING_DOWN),
-)
-
-
 _DISK_FULL_LOG_EVERY_S = 60.0
 
 
@@ -606,9 +588,9 @@ def _failure(exc: Exception, where: str) -> EventResult:
     """The status of a failed send: the first matching class, most specific first."""
     if isinstance(exc, DiskFullError):
         _DISK_FULL_LOG.refused(exc)
-    for kind, status in _STATUS_OF_ERROR:
-        if isinstance(exc, kind):
-            return EventResult(status, str(exc))
+    status = status_for(exc)
+    if status is not None:
+        return EventResult(status, str(exc))
     log.exception("send to %s failed", where)
     return EventResult(Status.INTERNAL, f"internal error: {exc}")
 

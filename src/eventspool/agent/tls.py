@@ -8,11 +8,12 @@ version accepted.
 
 from __future__ import annotations
 
-import re
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from eventspool.wire.tls import openssl_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +77,6 @@ def _reason(path: Path, exc: OSError) -> str:
     if isinstance(exc, ssl.SSLError):
         return f"{path}: not a PEM certificate file ({openssl_text(exc)})"
     return f"{path}: {exc.strerror or exc}"
-
-
-def openssl_text(exc: OSError) -> str:
-    """OpenSSL's words without CPython's source location."""
-    return re.sub(r" \(_ssl\.c:\d+\)$", "", exc.strerror or str(exc))
 
 
 def common_name(peercert: dict[str, Any] | None) -> str | None:

@@ -33,7 +33,18 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
-from eventspool.agent.protocol import (
+from eventspool.client.common import (
+    Greeting,
+    Target,
+    connect_failure,
+    greeting_failure,
+    parse_target,
+    routed_event_payload,
+)
+from eventspool.envelope import HeadersInput
+from eventspool.errors import AgentError, EventspoolError, InvalidEventError
+from eventspool.wire.checks import BatchEvent, Outcome, event_payload, split_batch_event
+from eventspool.wire.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_EVENTS_PER_SEND,
     SEND_OVERHEAD,
@@ -47,21 +58,7 @@ from eventspool.agent.protocol import (
     encode_publish_payloads,
     encode_send_payloads,
 )
-from eventspool.client.common import (
-    BatchEvent,
-    Greeting,
-    Outcome,
-    Target,
-    connect_failure,
-    event_payload,
-    greeting_failure,
-    parse_target,
-    raise_for,
-    routed_event_payload,
-    split_batch_event,
-)
-from eventspool.envelope import HeadersInput
-from eventspool.errors import AgentError, EventspoolError, InvalidEventError
+from eventspool.wire.status import raise_for
 
 __all__ = ["AgentError", "AsyncClient"]
 

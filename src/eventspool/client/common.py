@@ -1,21 +1,22 @@
-"""What both clients share: where the agent is, the argument checks of `send()` and the
-size of an event.
-
-Checking on the caller's side means a bad argument fails its own call, never a batch
-written for other callers.
-"""
+"""What both clients share: where the agent is, the greeting, why a connection failed,
+and the checks of a routed `send()` (the rest of the checks are `wire.checks`)."""
 
 from __future__ import annotations
 
 import os
 import ssl
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from eventspool._core.native import encode_wire_event
-from eventspool.agent.protocol import (
-    EventResult,
+from eventspool.envelope import HeadersInput
+from eventspool.errors import (
+    AgentError,
+    ForbiddenError,
+    InvalidEventError,
+)
+from eventspool.routing.exchanges import validate_routing_key
+from eventspool.wire.checks import one_target, wire_event
+from eventspool.wire.protocol import (
     Frame,
     FrameType,
     Status,
@@ -23,85 +24,7 @@ from eventspool.agent.protocol import (
     encode_frame,
     encode_routed,
 )
-from eventspool.agent.tls import openssl_text
-from eventspool.config import validate_topic
-from eventspool.envelope import HeadersInput, caller_event_id, normalize_headers
-from eventspool.errors import (
-    AgentError,
-    EventspoolError,
-    EventTooLargeError,
-    ForbiddenError,
-    InvalidEventError,
-    InvalidTopicError,
-    SpoolBudgetError,
-    SpoolClosedError,
-    SpoolFullError,
-    UnknownExchangeError,
-    UnroutableError,
-)
-from eventspool.routing.exchanges import validate_routing_key
-
-#: What `send_many()` takes per event: a value, or (value, key), (value, key, headers) or
-#: (value, key, headers, event_id).
-BatchEvent = (
-    bytes
-    | None
-    | tuple[bytes | None, bytes | str | None]
-    | tuple[bytes | None, bytes | str | None, HeadersInput | None]
-    | tuple[bytes | None, bytes | str | None, HeadersInput | None, str | uuid.UUID | None]
-)
-BatchFields = tuple[bytes | None, bytes | str | None, HeadersInput | None, str | uuid.UUID | None]
-
-#: One event's fate in `send_many()`: its event_id, or the error that refused it.
-Outcome = str | EventspoolError
-
-
-def split_batch_event(item: BatchEvent) -> BatchFields:
-    """(value, key, headers, event_id) of one `send_many()` event."""
-    if isinstance(item, tuple):
-        if len(item) == 2:
-            return item[0], item[1], None, None
-        if len(item) == 3:
-            return item[0], item[1], item[2], None
-        if len(item) == 4:
-            return item
-        raise InvalidEventError(
-            f"a send_many() event is a value or a (value, key[, headers[, event_id]]) tuple, "
-            f"got a tuple of {len(item)}"
-        )
-    return item, None, None, None
-
-
-def event_payload(
-    topic: str | None,
-    value: bytes | None,
-    key: bytes | str | None,
-    headers: HeadersInput | None,
-    event_id: str | uuid.UUID | None = None,
-) -> bytes:
-    """Check the arguments as `Client.send()` does; the event as a SEND body carries it.
-
-    A key the blocking client cannot encode, and a topic name, are checked here as
-    `Spool.send()` checks them: a bad argument must fail its own call, never a batch
-    written for other callers. The agent applies the same topic rule, so the error and its
-    message are the ones the agent would have sent back. The event is encoded here too,
-    so what waits for a frame is one bytes object, not an object per field.
-    """
-    payload = _payload(value, key, headers, event_id, "topic", topic)
-    if type(topic) is not str or topic not in _VALID_TOPICS:
-        _check_topic(topic)
-    return payload
-
-
-def _check_topic(topic: str | None) -> None:
-    checked = validate_topic(topic)
-    if len(_VALID_TOPICS) < _VALID_TOPICS_MAX:
-        _VALID_TOPICS.add(checked)
-
-
-# Topic names already checked: the rule costs more than the rest of a send.
-_VALID_TOPICS: set[str] = set()
-_VALID_TOPICS_MAX = 1024
+from eventspool.wire.tls import openssl_text
 
 
 def routed_event_payload(
@@ -119,49 +42,13 @@ def routed_event_payload(
 
     Whether the exchange exists only the agent knows: it answers UNKNOWN_EXCHANGE.
     """
-    if topic is not None:
-        raise InvalidEventError(
-            f"send() got topic {topic!r} and exchange {exchange!r}: give one of them "
-            "(topic=None to route through the exchange)"
-        )
+    one_target(topic, exchange)
     if not isinstance(exchange, str):
         raise InvalidEventError(f"exchange must be a str, got {type(exchange).__name__}")
     validate_routing_key(routing_key)
     assert isinstance(routing_key, str)
-    return encode_routed(routing_key, _payload(value, key, headers, event_id, "exchange", exchange))
-
-
-def _payload(  # noqa: PLR0917  # send()'s own parameters, in its order
-    value: bytes | None,
-    key: bytes | str | None,
-    headers: HeadersInput | None,
-    event_id: str | uuid.UUID | None,
-    kind: str,
-    name: object,
-) -> bytes:
-    """The event as the wire carries it; `kind` and `name` only make error messages."""
-    if value is not None and type(value) is not bytes:
-        raise InvalidEventError(f"value must be bytes or None, got {type(value).__name__}")
-    raw_key: bytes | None
-    if isinstance(key, str):
-        try:
-            raw_key = key.encode()
-        except UnicodeEncodeError as exc:
-            raise InvalidEventError(
-                f"key for {kind} {name!r} is not encodable as UTF-8: {exc.reason}"
-            ) from None
-    elif key is None or type(key) is bytes:
-        raw_key = key
-    else:
-        raise InvalidEventError(
-            f"key for {kind} {name!r} must be bytes, str or None, got {type(key).__name__}"
-        )
-    header_list = None if headers is None else normalize_headers(headers)
-    checked_id = None if event_id is None else caller_event_id(event_id)
-    try:
-        return encode_wire_event(value, raw_key, header_list, checked_id)
-    except ValueError as exc:  # a size no frame can carry
-        raise InvalidEventError(f"event for {kind} {name!r}: {exc}") from None
+    payload = wire_event(value, key, headers, event_id, "exchange", exchange)
+    return encode_routed(routing_key, payload)
 
 
 TCP_PREFIX = "tcp://"
@@ -276,30 +163,3 @@ def _hangup_hint(tls: bool) -> str:
     if tls:
         return " (one that asks for client certificates does so without one it trusts)"
     return " (a TLS listener does so to a client without TLS: give ssl_context)"
-
-
-_ERRORS: Mapping[Status, type[EventspoolError]] = {
-    Status.SPOOL_FULL: SpoolFullError,
-    Status.NO_SPACE: SpoolFullError,
-    Status.OVER_BUDGET: SpoolBudgetError,
-    Status.FORBIDDEN: ForbiddenError,
-    Status.INVALID_TOPIC: InvalidTopicError,
-    Status.TOO_LARGE: EventTooLargeError,
-    Status.MALFORMED: InvalidEventError,
-    Status.SHUTTING_DOWN: SpoolClosedError,
-    Status.INTERNAL: AgentError,
-    Status.UNKNOWN_EXCHANGE: UnknownExchangeError,
-    Status.UNROUTABLE: UnroutableError,
-}
-
-
-def error_for(status: Status, text: str) -> EventspoolError:
-    """The exception a refused event's status stands for, the same in both clients."""
-    return _ERRORS.get(status, AgentError)(text)
-
-
-def raise_for(result: EventResult) -> str:
-    """The event id of an OK result; the matching exception otherwise."""
-    if result.status is Status.OK:
-        return result.text
-    raise error_for(result.status, result.text)

@@ -67,7 +67,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventspool._core.native import decode_results
-from eventspool.agent.protocol import (
+from eventspool.client.common import (
+    Greeting,
+    Target,
+    connect_failure,
+    greeting_failure,
+    parse_target,
+    routed_event_payload,
+)
+from eventspool.client.future import LazyFuture
+from eventspool.envelope import HeadersInput
+from eventspool.errors import (
+    AgentError,
+    EventspoolError,
+    InvalidEventError,
+)
+from eventspool.wire.checks import BatchEvent, Outcome, event_payload, split_batch_event
+from eventspool.wire.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_EVENTS_PER_SEND,
     SEND_OVERHEAD,
@@ -82,26 +98,7 @@ from eventspool.agent.protocol import (
     encode_publish_payloads,
     encode_send_payloads,
 )
-from eventspool.client.common import (
-    BatchEvent,
-    Greeting,
-    Outcome,
-    Target,
-    connect_failure,
-    error_for,
-    event_payload,
-    greeting_failure,
-    parse_target,
-    routed_event_payload,
-    split_batch_event,
-)
-from eventspool.client.future import LazyFuture
-from eventspool.envelope import HeadersInput
-from eventspool.errors import (
-    AgentError,
-    EventspoolError,
-    InvalidEventError,
-)
+from eventspool.wire.status import error_for
 
 __all__ = ["AgentError", "Client"]
 
