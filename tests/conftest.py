@@ -16,6 +16,24 @@ from eventspool.testing.disk import DiskUnavailableError, SmallDisk
 SmallDiskFactory = Callable[[Path, int], SmallDisk]
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse a run whose xdist_group marks do not group: each worker would start its own
+    Spark session and the suite would outgrow its time (pytest 9.2 with xdist 3.8 did)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    ungrouped = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+    ]
+    if ungrouped:
+        raise pytest.UsageError(
+            f"--dist loadgroup did not group {len(ungrouped)} tests (first: {ungrouped[0]}): "
+            "this pytest-xdist does not work with this pytest; see the pin in pyproject.toml"
+        )
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     """A running tansu on a free port; each xdist worker has its own session, so its own broker.
