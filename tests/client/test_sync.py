@@ -326,18 +326,19 @@ def test_close_while_a_writer_connects_leaves_no_connection_behind(
     agent = agent_factory()
     agent.start()
     client = Client(agent.socket_path, timeout=5.0)
-    connect = client._open_socket
+    pipeline = client._pipeline
+    connect = pipeline._open_socket
 
     def close_meanwhile() -> socket.socket:
         sock = connect()
         client.close()
         return sock
 
-    client._open_socket = close_meanwhile  # type: ignore[method-assign]
+    pipeline._open_socket = close_meanwhile  # type: ignore[method-assign]
     readers_before = {t for t in threading.enumerate() if t.name == "eventspool-client-reader"}
     with pytest.raises(AgentError, match="the client was closed"):
         client.send(topic, b"written after close")
-    assert client._connection is None
+    assert pipeline._connection is None
     readers = {t for t in threading.enumerate() if t.name == "eventspool-client-reader"}
     assert readers <= readers_before
 

@@ -43,11 +43,10 @@ from eventspool.client.common import (
 )
 from eventspool.envelope import HeadersInput
 from eventspool.errors import AgentError, EventspoolError, InvalidEventError
+from eventspool.wire.batching import frame_slices
 from eventspool.wire.checks import BatchEvent, Outcome, event_payload, split_batch_event
 from eventspool.wire.protocol import (
     DEFAULT_MAX_FRAME,
-    MAX_EVENTS_PER_SEND,
-    SEND_OVERHEAD,
     Frame,
     FrameDecoder,
     FrameType,
@@ -463,7 +462,9 @@ class AsyncClient:
         for (topic, exchange), group in by_target.items():
             name = exchange if exchange is not None else topic
             assert name is not None
-            for chunk in self._chunks(name, group):
+            sizes = [len(send.payload) for send in group]
+            for cut in frame_slices(name, sizes, self.max_frame_bytes):
+                chunk = group[cut]
                 request_id = self._next_id()
                 payloads = [send.payload for send in chunk]
                 encode = encode_send_payloads if exchange is None else encode_publish_payloads
@@ -479,27 +480,6 @@ class AsyncClient:
                     send.written = True
                 self.frames_sent += 1
         return frames
-
-    def _chunks(self, name: str, group: list[_Send]) -> list[list[_Send]]:
-        """Split one target's sends so no frame exceeds `max_frame_bytes` or the event cap.
-
-        An event larger than that goes alone in its frame, for the agent to judge.
-        """
-        overhead = SEND_OVERHEAD + len(name.encode())
-        chunks: list[list[_Send]] = []
-        chunk: list[_Send] = []
-        size = overhead
-        for send in group:
-            if chunk and (
-                size + len(send.payload) > self.max_frame_bytes or len(chunk) >= MAX_EVENTS_PER_SEND
-            ):
-                chunks.append(chunk)
-                chunk, size = [], overhead
-            chunk.append(send)
-            size += len(send.payload)
-        if chunk:
-            chunks.append(chunk)
-        return chunks
 
     def _next_id(self) -> int:
         """1 .. 2**32-1: id 0 is how the agent reports an error with no request to name."""

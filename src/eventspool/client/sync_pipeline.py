@@ -1,0 +1,495 @@
+"""How the blocking `Client`'s requests reach the agent and its answers come back: the
+queue, the writer role, the reader (a waiting caller, or the reader thread), and the
+connection they share.
+
+A Client's sends are pipelined over one connection: a caller queues its event and,
+unless another caller is already writing, writes everything queued as SEND frames (one
+per topic) without waiting for answers. Then it waits for its answer, reading the socket
+itself when nobody else is: the reader hands each answer, matched by request id, to the
+callers waiting for it and wakes exactly those. A reader whose own answer came leaves
+the reading to the client's reader thread if other answers are due. No caller polls, one
+caller alone pays one wake-up per call, and many callers share the round trips.
+
+An event for a topic that already has a request in flight is not written at once: the
+reader writes it, with everything queued meanwhile, as soon as it has handled its next
+answers. Callers that fire faster than the round trip so share frames (one write and
+one answer per frame, not per event), and the agent keeps one topic's requests in order
+anyway. Once `max_batch` events are queued, though, the caller writes them (unless the
+reader is handing out answers, and about to write them): a reader that busy callers keep
+from the interpreter lock must not leave the agent idle (measured with 8 threads firing:
+the agent then spooled a burst while it came, instead of half of it after the callers
+were done). The reader never waits for room in the socket: what does not fit waits until
+the socket is writable again, and it reads answers meanwhile, so a full socket both ways
+cannot stall the two sides. Done callbacks run on the reader, and a `send_async()` there
+never waits for its own answer over `max_queued`: nobody else would read it.
+
+A broken connection fails the requests written on it with AgentError (their outcome is
+unknown: the agent may have spooled them before it died); the next call reconnects,
+with backoff for as long as `timeout` allows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from eventspool.client.common import Target, connect_failure
+from eventspool.client.sync_connection import (
+    READ_SIZE,
+    Connection,
+    greet,
+    open_socket,
+    write_now,
+)
+from eventspool.client.sync_requests import (
+    Control,
+    Event,
+    EventFuture,
+    Reply,
+    Request,
+    encode_chunk,
+    fail,
+    settle,
+)
+from eventspool.errors import AgentError, EventspoolError, InvalidEventError
+from eventspool.wire.batching import frame_slices
+from eventspool.wire.checks import Outcome
+from eventspool.wire.protocol import (
+    DEFAULT_MAX_FRAME,
+    Frame,
+    FrameType,
+    ProtocolError,
+    decode_error,
+    encode_frame,
+)
+
+# How many `max_batch` chunks the reader writes at most per turn between its reads.
+_READER_BATCHES = 16
+_MAX_BACKOFF_S = 1.0
+
+
+class Pipeline:
+    """One client's requests on their way: queued, written, in flight, answered."""
+
+    def __init__(
+        self,
+        target: Target,
+        *,
+        timeout: float,
+        max_batch: int,
+        reconnect_backoff_s: float,
+        max_frame_bytes: int,
+    ) -> None:
+        self._target = target
+        self.target = target.text
+        self.max_frame_bytes = max_frame_bytes
+        self.timeout = timeout
+        self.max_batch = max_batch
+        self.reconnect_backoff_s = reconnect_backoff_s
+        self._lock = threading.Lock()
+        # The reader thread waits here for answers that no caller is reading.
+        self._reader_wanted = threading.Condition(self._lock)
+        # Appended to by callers and emptied by the writer without a lock: deque operations
+        # are atomic, and the writer role is a try-lock, so callers never queue on a lock.
+        self._pending: deque[Event | Control] = deque()
+        self._writer = threading.Lock()
+        self._connection: Connection | None = None
+        self._backoff = 0.0
+        self._request_id = 0
+        self._closed = False
+
+    def close(self) -> None:
+        """Disconnect; calls still waiting fail with AgentError, later calls too."""
+        with self._lock:
+            self._closed = True
+            connection = self._connection
+        pending = _take(self._pending, len(self._pending))
+        fail(pending, AgentError(f"agent at {self.target}: the client was closed"))
+        if connection is not None:
+            self._drop(connection, "the client was closed")
+            if connection.reader is not threading.current_thread():
+                assert connection.reader is not None
+                connection.reader.join(self.timeout)
+
+    # ---- callers' side ------------------------------------------------------------------
+
+    def wait(self, reply: Reply | EventFuture) -> list[Outcome]:
+        """Wait for a reply, reading the answers while nobody else does."""
+        deadline = time.monotonic() + self.timeout
+        while not reply.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AgentError(
+                    f"agent at {self.target}: no answer within {self.timeout} s; the "
+                    "outcome is unknown: the request may or may not have been processed"
+                )
+            connection = self._take_reading()
+            if connection is None:
+                reply._wait_done(left)
+            else:
+                self._read(connection, reply, deadline)
+        if isinstance(reply, EventFuture):
+            return []
+        return [outcome for outcome in reply.outcomes if outcome is not None]
+
+    def submit(self, items: Sequence[Event | Control]) -> None:
+        """Queue requests; write them unless another thread is writing (it takes them).
+
+        An event for a target with a request in flight, or queued while the reader
+        handles answers, is left to the reader: it writes after its next answers, so
+        callers that fire faster than the round trip share frames instead of each paying
+        a write and a wake-up. The agent answers one target's requests in order anyway.
+        A full batch queued is written at once, unless the reader is busy.
+        """
+        if self._closed:
+            raise AgentError(f"agent at {self.target}: the client is closed")
+        pending = self._pending
+        pending.extend(items)
+        connection = self._connection
+        if connection is not None:
+            first = items[0]
+            # A busy reader writes next in any case; the caller may be that very reader,
+            # in a done callback, and must not wait for room while nobody reads.
+            if connection.reader_busy or (
+                len(pending) < self.max_batch
+                and not isinstance(first, Control)
+                and (first._topic, first._exchange) in connection.targets
+            ):
+                return
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write what is queued, unless another thread is writing (it takes it along)."""
+        # Whoever holds the writer role looks at the queue again after letting go of it,
+        # so a request queued while it was letting go is never left behind.
+        while self._pending and self._writer.acquire(blocking=False):
+            try:
+                self._write_pending()
+            finally:
+                self._writer.release()
+
+    # ---- the writing caller ---------------------------------------------------------------
+
+    def _write_pending(self) -> None:
+        """Write what is queued, and what is queued meanwhile; the caller is the writer."""
+        while True:
+            batch = _take(self._pending, self.max_batch)
+            if not batch:
+                return
+            if self._closed:  # queued just before close(); a closed client connects no more
+                fail(batch, AgentError(f"agent at {self.target}: the client was closed"))
+                continue
+            try:
+                connection = self._connect()
+            except OSError as exc:
+                reason = exc.strerror or str(exc) or type(exc).__name__
+                fail(batch, AgentError(f"agent at {self.target}: {reason}"))
+                continue
+            except EventspoolError as exc:  # refused: TLS, the token
+                fail(batch, exc)
+                continue
+            frames = self._frames(connection, batch)
+            if connection.tls is not None:
+                frames = connection.tls.seal(frames)
+            data = connection.unsent + frames
+            connection.unsent = b""
+            self._write_waiting(connection, data)
+
+    def _write_waiting(self, connection: Connection, data: bytes) -> None:
+        """Write all of `data`, waiting for room when the socket is full.
+
+        Only a caller waits here, and only while someone reads the answers: an agent
+        whose answers are not read stops reading requests.
+        """
+        deadline = time.monotonic() + self.timeout
+        try:
+            written = write_now(connection, data)
+            if written < len(data):
+                with self._lock:
+                    if not connection.reading:
+                        self._reader_wanted.notify()
+            rest = memoryview(data)[written:]
+            while rest:  # each send() waits for room up to SO_SNDTIMEO
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no room to write within {self.timeout} s")
+                rest = rest[connection.sock.send(rest) :]
+        except BlockingIOError:
+            self._drop(connection, f"writing failed: no room to write within {self.timeout} s")
+        except OSError as exc:
+            self._drop(connection, f"writing failed: {exc}")
+
+    def _flush_from_reader(self, connection: Connection) -> None:
+        """The reader writes what callers left to it, never waiting for room: whatever
+        the socket does not take now stays in `unsent` until it polls writable."""
+        while (self._pending or connection.unsent) and self._writer.acquire(blocking=False):
+            try:
+                if connection.closed or self._connection is not connection:
+                    return  # queued events go out on the next connection, by a caller
+                batch = _take(self._pending, _READER_BATCHES * self.max_batch)
+                frames = self._frames(connection, batch) if batch else b""
+                if frames and connection.tls is not None:
+                    frames = connection.tls.seal(frames)
+                data = connection.unsent + frames
+                written = write_now(connection, data)
+                connection.unsent = data[written:]
+                if connection.unsent:
+                    return
+            finally:
+                self._writer.release()
+
+    def _frames(self, connection: Connection, batch: list[Event | Control]) -> bytes:
+        """Encode a batch and note it in flight; only the writer calls this, so ids need
+        no lock."""
+        frames = []
+        requests: dict[int, Request] = {}
+        for request in self._requests(batch):
+            request_id = self._next_id()
+            try:
+                if isinstance(request, Control):
+                    frame = encode_frame(request.type, request_id, b"")
+                else:
+                    frame = encode_chunk(request_id, request)
+            except ProtocolError as exc:  # only sizes no frame can carry get here
+                assert not isinstance(request, Control)
+                fail(request, InvalidEventError(str(exc)))
+                continue
+            requests[request_id] = request
+            frames.append(frame)
+        targets = connection.targets
+        with self._lock:
+            # Dropped meanwhile (by the reader, or close()): nobody would settle these.
+            closed = connection.closed
+            if not closed:
+                connection.in_flight.update(requests)
+                for request in requests.values():
+                    if type(request) is list:
+                        target = (request[0]._topic, request[0]._exchange)
+                        targets[target] = targets.get(target, 0) + 1
+                if not connection.reading and any(type(item) is EventFuture for item in batch):
+                    self._reader_wanted.notify()
+        if closed:
+            unsent = AgentError(
+                f"agent at {self.target}: the connection closed before the request was written"
+            )
+            for request in requests.values():
+                fail([request] if isinstance(request, Control) else request, unsent)
+            return b""
+        return b"".join(frames)
+
+    def _requests(self, batch: list[Event | Control]) -> list[Request]:
+        """One SEND per topic (PUBLISH per exchange), split to stay under the agent's maximum."""
+        requests: list[Request] = []
+        by_target: dict[tuple[str | None, str | None], list[Event]] = {}
+        for item in batch:
+            if isinstance(item, Control):
+                requests.append(item)
+            else:
+                by_target.setdefault((item._topic, item._exchange), []).append(item)
+        for (topic, exchange), group in by_target.items():
+            name = exchange if exchange is not None else topic
+            assert name is not None  # the checks of send() let no event without one by
+            sizes = [len(item._payload) for item in group]
+            requests.extend(group[cut] for cut in frame_slices(name, sizes, self.max_frame_bytes))
+        return requests
+
+    def _next_id(self) -> int:
+        """Request ids wrap around but skip 0, the id of connection-level errors."""
+        self._request_id = self._request_id % 0xFFFFFFFF + 1
+        return self._request_id
+
+    def _connect(self) -> Connection:
+        """The open connection, or a new one (with backoff while the agent is away)."""
+        connection = self._connection
+        if connection is not None and not connection.closed:
+            return connection
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self._backoff > 0:
+                time.sleep(self._backoff)
+            try:
+                sock = self._open_socket()
+            except OSError as exc:
+                self._backoff = min(
+                    max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S
+                )
+                if time.monotonic() + self._backoff > deadline:
+                    raise OSError(exc.errno, connect_failure(self._target, exc)) from exc
+                continue
+            break
+        max_frame = max(self.max_frame_bytes, DEFAULT_MAX_FRAME)
+        if self._target.path is not None:
+            connection = Connection(sock, max_frame)
+        else:
+            try:
+                connection = greet(sock, self._target, max_frame, self._next_id(), self.timeout)
+            except EventspoolError:
+                sock.close()
+                self._backoff = min(
+                    max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S
+                )
+                raise
+        reader = threading.Thread(
+            target=self._read_in_background,
+            args=(connection,),
+            name="eventspool-client-reader",
+            daemon=True,
+        )
+        connection.reader = reader
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._connection = connection
+        if closed:  # close() came while connecting: it could not drop this one
+            sock.close()
+            raise AgentError(f"agent at {self.target}: the client was closed")
+        reader.start()
+        return connection
+
+    def _open_socket(self) -> socket.socket:
+        """Its own method, so a test can act while a writer connects (close() meanwhile)."""
+        return open_socket(self._target, self.timeout)
+
+    # ---- reading: a waiting caller, or the reader thread ---------------------------------
+
+    def reading_here(self) -> bool:
+        """Whether this thread reads the answers now (in a done callback): waiting for its
+        own answer would wait for itself."""
+        connection = self._connection
+        return connection is not None and connection.reader_ident == threading.get_ident()
+
+    def _take_reading(self) -> Connection | None:
+        """The connection, when the caller may read it: nobody else is reading."""
+        with self._lock:
+            connection = self._connection
+            if connection is None or connection.closed or connection.reading:
+                return None
+            connection.reading = True
+            return connection
+
+    def _read_in_background(self, connection: Connection) -> None:
+        """Read the answers nobody waits for in person: those of `send_async()`, and the
+        rest when the caller who was reading got its own."""
+        while True:
+            with self._lock:
+                while not connection.closed and (connection.reading or not connection.in_flight):
+                    self._reader_wanted.wait()
+                if connection.closed:
+                    return
+                connection.reading = True
+            self._read(connection, None, None)
+
+    def _read(
+        self, connection: Connection, reply: Reply | EventFuture | None, deadline: float | None
+    ) -> None:
+        """Hand out answers until `reply` is done (or, without one, none is due)."""
+        reason = ""
+        connection.reader_ident = threading.get_ident()
+        try:
+            while True:
+                # Not busy first, then the queue: a caller queues first, then looks at
+                # `reader_busy`, so whatever it left to this reader is written here.
+                connection.reader_busy = False
+                self._flush_from_reader(connection)
+                if reply is not None:
+                    if reply.done() or time.monotonic() >= (deadline or 0.0):
+                        break
+                elif not connection.in_flight:
+                    break
+                if connection.unsent and not self._readable_or_writable(connection, deadline):
+                    continue  # room to write the rest: do it before reading on
+                try:
+                    data = connection.sock.recv(READ_SIZE)
+                except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO ran out
+                    reason = f"no answer within {self.timeout} s"
+                    break
+                if not data:
+                    reason = "the agent closed the connection"
+                    break
+                if connection.tls is not None:
+                    data = connection.tls.open(data)
+                connection.reader_busy = True
+                for frame in connection.decoder.feed(data):
+                    self._answer(connection, frame)
+        except (OSError, ProtocolError) as exc:
+            reason = str(exc) or type(exc).__name__
+        connection.reader_busy = False
+        connection.reader_ident = None
+        with self._lock:
+            connection.reading = False
+            if connection.in_flight and not connection.closed:
+                self._reader_wanted.notify()
+        if reason:
+            self._drop(connection, reason)
+        self._flush()
+
+    def _readable_or_writable(self, connection: Connection, deadline: float | None) -> bool:
+        """Wait until answers come (True) or the socket takes more (False)."""
+        left = self.timeout if deadline is None else max(deadline - time.monotonic(), 0.0)
+        connection.poller.modify(connection.fd, select.POLLIN | select.POLLOUT)
+        try:
+            ready = connection.poller.poll(left * 1000)
+        finally:
+            connection.poller.modify(connection.fd, select.POLLIN)
+        return not ready or any(event & ~select.POLLOUT for _, event in ready)
+
+    def _answer(self, connection: Connection, frame: Frame) -> None:
+        with self._lock:
+            request = connection.in_flight.pop(frame.request_id, None)
+            if type(request) is list:
+                target = (request[0]._topic, request[0]._exchange)
+                left = connection.targets[target] - 1
+                if left:
+                    connection.targets[target] = left
+                else:
+                    del connection.targets[target]
+        if request is None:
+            if frame.type is FrameType.ERROR:
+                refusal = decode_error(frame.body).text
+                raise ProtocolError(f"the agent refused the request: {refusal}")
+            return
+        connection.answered = True
+        settle(request, frame, f"agent at {self.target}")
+
+    def _drop(self, connection: Connection, reason: str) -> None:
+        """Close `connection`; what was written on it has an unknown outcome."""
+        with self._lock:
+            if connection.closed:
+                return
+            connection.closed = True
+            self._reader_wanted.notify_all()
+            if self._connection is connection:
+                self._connection = None
+            requests = list(connection.in_flight.values())
+            connection.in_flight.clear()
+            connection.targets.clear()
+            if connection.answered:
+                self._backoff = 0.0
+            else:
+                self._backoff = min(
+                    max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S
+                )
+        with contextlib.suppress(OSError):  # already broken: closing is all that is left
+            connection.sock.shutdown(socket.SHUT_RDWR)
+        connection.sock.close()
+        lost = AgentError(
+            f"agent at {self.target}: the connection broke after the request was "
+            f"written ({reason}); the outcome is unknown: it may or may not have been processed"
+        )
+        for request in requests:
+            fail([request] if isinstance(request, Control) else request, lost)
+
+
+def _take(queue: deque[Event | Control], most: int) -> list[Event | Control]:
+    """Up to `most` requests from the front of the queue; callers may append meanwhile."""
+    taken: list[Event | Control] = []
+    while len(taken) < most:
+        try:
+            taken.append(queue.popleft())
+        except IndexError:
+            break
+    return taken
