@@ -155,7 +155,7 @@ def test_keyless_events_leave_partitions_without_a_leader_and_keyed_ones_wait(
                 time.sleep(0.01)
 
         sender = threading.Thread(target=keep_sending)
-        with caplog.at_level(logging.WARNING, logger="eventspool.sender.sender"):
+        with caplog.at_level(logging.WARNING, logger="eventspool.sender.failover"):
             sender.start()
             time.sleep(6)
             keyed = _send(spool, topic, 600, keyed=True)

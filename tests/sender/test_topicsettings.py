@@ -59,7 +59,7 @@ def test_a_topic_of_one_replica_is_warned_about_once(
 ) -> None:
     topic = topic_factory(2)
     with (
-        caplog.at_level(logging.WARNING, logger="eventspool.sender.sender"),
+        caplog.at_level(logging.WARNING, logger="eventspool.sender.topicsettings"),
         Spool(tmp_path, broker.bootstrap_servers) as spool,
     ):
         spool.send(topic, b"x")
@@ -77,7 +77,7 @@ def test_a_replicated_topic_gets_no_warning(
     topic = f"safe-{uuid.uuid4().hex[:8]}"
     cluster.create_topic(topic, 3, 3)
     with (
-        caplog.at_level(logging.WARNING, logger="eventspool.sender.sender"),
+        caplog.at_level(logging.WARNING, logger="eventspool.sender.topicsettings"),
         Spool(tmp_path, cluster.bootstrap_servers) as spool,
     ):
         spool.send(topic, b"x")

@@ -8,7 +8,7 @@ Three signs make a partition unavailable, each enough on its own:
 
 The sticky partitioner skips unavailable partitions until they recover; a partition
 unavailable for longer than `keyless_failover_s` has its queued keyless events moved
-(sender.py). Keyed events never move: their partition is their order.
+(failover.py). Keyed events never move: their partition is their order.
 """
 
 from __future__ import annotations

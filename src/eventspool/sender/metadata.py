@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 # confluent_kafka.admin re-exports these without declaring them, which mypy --strict rejects.
@@ -21,6 +21,7 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from eventspool.config import KafkaConfigValue, SenderSettings
+from eventspool.sender.producer import KafkaProducer
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class TopicLayout:
 class MetadataClient:
     def __init__(
         self,
-        producer: Producer,
+        producer: KafkaProducer,
         admin_config: dict[str, KafkaConfigValue],
         settings: SenderSettings,
     ) -> None:

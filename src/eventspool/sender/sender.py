@@ -14,39 +14,42 @@ the oldest sequence in flight, accounts a success itself and hands a failure to
 `_on_failure`. The produce loop over a drained batch is compiled too; what to do when
 produce() raises stays here.
 
-Nothing wedges. A fatal producer error (librdkafka's idempotent producer gives up for
-good, e.g. on a sequence desynchronization after a broker restart), or no acknowledgement
-at all for `producer_reset_after_s` while queues of available partitions hold events and
-the brokers answer metadata (a broker that lost its state fences the producer: PRODUCER_FENCED,
-UNKNOWN_PRODUCER_ID, which librdkafka retries for ever), make the sender drop its
-producer, rewind every queue to its acknowledged position and go on with a new one:
-events in flight then may arrive twice. Partition health (health.py) steers keyless events away from
-partitions without a working leader and moves those already queued there. A queue that
-holds events and has not advanced for `stall_after_s` is reported, never silent.
+Nothing wedges. When the producer is broken for good (watchdog.py) the sender drops it,
+rewinds every queue to its acknowledged position and goes on with a new one: events in
+flight then may arrive twice. Partition health (health.py) steers keyless events away
+from partitions without a working leader, and failover.py moves those already queued
+there. A queue that holds events and has not advanced for `stall_after_s` is reported
+(stalls.py), never silent.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from eventspool._core.native import AckTracker, Deliveries
 from eventspool.clock import Clock
-from eventspool.config import KafkaConfigValue, SenderSettings
-from eventspool.kafkalog import librdkafka_logger
+from eventspool.config import SenderSettings
 from eventspool.sender.deadletter import DeadLetter, DeadLetterFile
 from eventspool.sender.errors import is_permanent
+from eventspool.sender.failover import FailoverStep, failover_step, move_keyless
 from eventspool.sender.health import PartitionHealth, parse_statistics
 from eventspool.sender.metadata import MetadataClient
-from eventspool.sender.topicsettings import durability_problems
-from eventspool.spool.registry import QueueRef, QueueRegistry
+from eventspool.sender.producer import (
+    KafkaProducer,
+    ProducerCallbacks,
+    admin_config,
+    producer_config,
+)
+from eventspool.sender.queuestate import KafkaRecord, QueueState
+from eventspool.sender.stalls import StallChange, StallDetector, StalledQueue
+from eventspool.sender.topicsettings import TopicSettingsCheck
+from eventspool.sender.watchdog import ProducerWatchdog
+from eventspool.spool.registry import QueueRegistry
 from eventspool.spool.ring import RingQueue
 
 log = logging.getLogger(__name__)
@@ -57,60 +60,8 @@ _BUSY_POLL_S = 0.001
 _IDLE_POLL_S = 0.01
 _BUSY_FOR_S = 0.2
 _UNKNOWN_TOPIC_RETRY_S = 1.0
-_ENVELOPE_OVERHEAD = 4096
 _READ_BATCH_BYTES = 1 << 20
 _WATCH_INTERVAL_S = 0.5
-_MAX_RESET_AFTER_S = 300.0
-
-# (sequence, key, value, create time ms, headers); headers None: undecodable payload.
-KafkaRecord = tuple[
-    int, bytes | None, bytes | None, int, list[tuple[str, str | bytes | None]] | None
-]
-
-
-FailureHandler = Callable[["_QueueState", int, KafkaError, Message], None]
-
-
-class _QueueState:
-    """One queue as the sender sees it; `deliveries` is its delivery-report callback.
-
-    `waiting_since`: when the oldest event in flight was produced, or the prefix last
-    grew. `parked`: its keyless events were moved away and nothing is produced from it
-    until its partition is available again; `moved_until` is the ring's end at the move.
-    """
-
-    __slots__ = (
-        "backoff_s",
-        "deliveries",
-        "moved_until",
-        "parked",
-        "partition",
-        "ref",
-        "retry_at",
-        "tracker",
-        "waiting_since",
-    )
-
-    def __init__(self, ref: QueueRef, partition: int, on_failure: FailureHandler) -> None:
-        self.ref = ref
-        self.partition = partition
-        self.tracker = AckTracker(ref.ring.head_seq)
-        self.deliveries = Deliveries(self.tracker, functools.partial(on_failure, self))
-        self.retry_at = 0.0
-        self.backoff_s = 0.0
-        self.waiting_since = 0.0
-        self.parked = False
-        self.moved_until = 0
-
-
-@dataclass(frozen=True, slots=True)
-class StalledQueue:
-    """A queue that holds events and has not advanced for `stalled_s` seconds."""
-
-    topic: str
-    partition: int | None
-    depth: int
-    stalled_s: float
 
 
 @dataclass(slots=True)
@@ -138,54 +89,29 @@ class Sender:
         self._registry = registry
         self._settings = settings
         self._clock = clock
-        base: dict[str, KafkaConfigValue] = {
-            "bootstrap.servers": bootstrap_servers,
-            **settings.kafka,
-        }
-        statistics: dict[str, object] = {}
-        if settings.statistics_interval_ms:
-            statistics = {
-                "statistics.interval.ms": settings.statistics_interval_ms,
-                "stats_cb": self._on_statistics,
-            }
-        self._producer_config: dict[str, object] = {
-            **statistics,
-            "linger.ms": settings.linger_ms,
-            "batch.size": settings.batch_size,
-            "compression.type": settings.compression,
-            "queue.buffering.max.messages": 2_000_000,
-            "queue.buffering.max.kbytes": 2_097_151,
-            "message.max.bytes": max(
-                1_000_000, registry.settings.max_event_bytes + _ENVELOPE_OVERHEAD
-            ),
-            **base,
-            "enable.idempotence": True,
-            "acks": "all",
-            "message.timeout.ms": 0,
-            "error_cb": self._on_error,
-            "logger": librdkafka_logger(),
-        }
-        self._base_config = base
-        self._producer = Producer(self._producer_config)
-        self._metadata = MetadataClient(self._producer, base, settings)
+        self._producer_config = producer_config(
+            bootstrap_servers,
+            settings,
+            registry.settings.max_event_bytes,
+            ProducerCallbacks(on_error=self._on_error, on_statistics=self._on_statistics),
+        )
+        self._admin_config = admin_config(bootstrap_servers, settings)
+        self._producer: KafkaProducer = Producer(self._producer_config)
+        self._metadata = MetadataClient(self._producer, self._admin_config, settings)
         self.dead_letters = DeadLetterFile(directory)
         self.counters = SenderCounters()
-        self._queues: dict[RingQueue, _QueueState] = {}
-        self._advanced: set[_QueueState] = set()
+        self._queues: dict[RingQueue, QueueState] = {}
+        self._advanced: set[QueueState] = set()
         self._next_refresh = 0.0
         self._next_watch = 0.0
         self._produced_at = 0.0
         self._health = PartitionHealth(clock)
-        self._fatal: KafkaError | None = None
-        self._last_ack = clock.monotonic()  # or the last moment there was nothing to ack
-        self._reset_after_s = settings.producer_reset_after_s  # doubles while resets fail
-        self._progress: dict[RingQueue, tuple[int, float]] = {}
-        self._stalled: set[RingQueue] = set()
+        self._watchdog = ProducerWatchdog(settings.producer_reset_after_s, clock.monotonic())
+        self._stalls: StallDetector[RingQueue] = StallDetector(settings.stall_after_s)
         self.moves = 0  # failover moves so far: Spool.flush() then looks at the new rings
-        # Topics whose settings cannot keep an acknowledged event, with why (topicsettings.py).
-        self.topic_warnings: dict[str, list[str]] = {}
-        self._settings_checked: set[str] = set()
-        self._configs_unreadable_logged = False
+        self._topic_settings = TopicSettingsCheck()
+        # Topics whose settings cannot keep an acknowledged event, with why.
+        self.topic_warnings = self._topic_settings.warnings
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="eventspool-sender", daemon=True)
         self.connected = False
@@ -212,18 +138,16 @@ class Sender:
     def request_metadata_refresh(self) -> None:
         self._next_refresh = 0.0
 
-    # ---- loop -------------------------------------------------------------------
+    # ---- status -----------------------------------------------------------------
 
     def stalled_queues(self) -> list[StalledQueue]:
         """Queues holding events that have not advanced for `stall_after_s` or longer."""
         now = self._clock.monotonic()
         stalled = []
         for ref in self._registry.refs():
-            mark = self._progress.get(ref.ring)
-            if ref.ring in self._stalled and mark is not None and ref.ring.depth:
-                stalled.append(
-                    StalledQueue(ref.topic, ref.partition, ref.ring.depth, now - mark[1])
-                )
+            stalled_s = self._stalls.stalled_for(ref.ring, ref.ring.depth, now)
+            if stalled_s is not None:
+                stalled.append(StalledQueue(ref.topic, ref.partition, ref.ring.depth, stalled_s))
         return stalled
 
     # ---- loop -------------------------------------------------------------------
@@ -240,7 +164,7 @@ class Sender:
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 if isinstance(error, KafkaError) and error.fatal():
-                    self._fatal = error  # replaced by the next _watch()
+                    self._watchdog.fatal = error  # replaced by the next _watch()
                     continue
                 log.exception("sender loop error; retrying")
                 self._stop.wait(self._settings.retry_backoff_s)
@@ -258,7 +182,7 @@ class Sender:
     def _watch(self) -> None:
         """Twice a second: replace a broken producer, judge partitions, report stalls."""
         now = self._clock.monotonic()
-        if now < self._next_watch and self._fatal is None:
+        if now < self._next_watch and self._watchdog.fatal is None:
             return
         self._next_watch = now + _WATCH_INTERVAL_S
         if not any(
@@ -267,15 +191,10 @@ class Sender:
             and not self._health.unavailable_for((state.ref.topic, state.partition))
             for state in self._queues.values()
         ):
-            self._last_ack = now  # nothing the producer could have delivered
-        if self._fatal is not None:
-            self._replace_producer(f"fatal producer error: {self._fatal.str()}")
-        elif self.connected and now - self._last_ack >= self._reset_after_s:
-            self._replace_producer(
-                f"no event acknowledged for {now - self._last_ack:.0f} s while the brokers answer"
-            )
-            # A cluster that is only slow must not see a new producer every few seconds.
-            self._reset_after_s = min(self._reset_after_s * 2, _MAX_RESET_AFTER_S)
+            self._watchdog.nothing_to_acknowledge(now)
+        reason = self._watchdog.reason_to_replace(now, brokers_answer=self.connected)
+        if reason is not None:
+            self._replace_producer(reason)
         stuck = [
             (state.ref.topic, state.partition)
             for state in self._queues.values()
@@ -310,34 +229,12 @@ class Sender:
         with contextlib.suppress(KafkaException):
             old.purge()
         self._producer = Producer(self._producer_config)
-        self._metadata = MetadataClient(self._producer, self._base_config, self._settings)
+        self._metadata = MetadataClient(self._producer, self._admin_config, self._settings)
         for state in self._queues.values():
             state.ref.ring.rewind()
         self._queues.clear()
-        self._fatal = None
-        self._last_ack = self._clock.monotonic()
+        self._watchdog.replaced(self._clock.monotonic())
         self._next_refresh = 0.0
-
-    def _check_topic_settings(self, topic: str, replication: int) -> None:
-        """Once per topic, off the sender's loop (DescribeConfigs may take its timeout):
-        warn when the cluster cannot keep what it acknowledges."""
-        try:
-            configs = self._metadata.topic_configs([topic]).get(topic)
-        except KafkaException as exc:
-            log.debug("cannot describe topic %s: %s", topic, exc)
-            configs = None
-        if configs is None and not self._configs_unreadable_logged:
-            self._configs_unreadable_logged = True
-            log.warning(
-                "the brokers do not describe topic settings (DescribeConfigs): "
-                "min.insync.replicas and unclean.leader.election.enable are not checked"
-            )
-        problems = durability_problems(replication, configs)
-        if problems:
-            self.topic_warnings[topic] = problems
-            log.warning(
-                "topic %s may lose events the broker acknowledged: %s", topic, "; ".join(problems)
-            )
 
     def _apply_health(self) -> None:
         """Tell each topic's partitioner which partitions keyless events may go to."""
@@ -349,46 +246,34 @@ class Sender:
                     self._registry.set_available_partitions(topic.name, available)
 
     def _fail_over(self) -> None:
-        """Move queued keyless events off partitions unavailable past `keyless_failover_s`.
-
-        The queue's events in flight stay with librdkafka (it cannot take back one
-        partition's) and are delivered when the partition recovers: a keyless one moved
-        meanwhile then arrives twice. The queue is parked until then, so its keyed events
-        wait on disk, produced once more when it recovers.
-        """
+        """Move queued keyless events off partitions unavailable past `keyless_failover_s`,
+        and park their queues (failover.py)."""
         for ring, state in list(self._queues.items()):
-            key = (state.ref.topic, state.partition)
-            unavailable_s = self._health.unavailable_for(key)
-            if not unavailable_s:
+            unavailable_s = self._health.unavailable_for((state.ref.topic, state.partition))
+            step = failover_step(
+                unavailable_s=unavailable_s,
+                failover_after_s=self._settings.keyless_failover_s,
+                depth=ring.depth,
+                parked=state.parked,
+                moved_until=state.moved_until,
+                next_seq=ring.next_seq,
+            )
+            if step is FailoverStep.RESUME:
                 state.parked = False
+            if step is not FailoverStep.MOVE:
                 continue
-            if unavailable_s < self._settings.keyless_failover_s or not ring.depth:
+            moved = move_keyless(
+                self._registry, self._health, state.ref.topic, state.partition, unavailable_s
+            )
+            if moved is None:
                 continue
-            if state.parked and ring.next_seq == state.moved_until:
-                continue
-            topic = self._registry.topic(state.ref.topic)
-            if topic.partition_count is None:
-                continue
-            targets = sorted(self._health.available(topic.name, topic.partition_count))
-            if not targets:
-                continue
-            moved = self._registry.move_keyless(topic.name, state.partition, targets)
-            parked = _QueueState(state.ref, state.partition, self._on_failure)
+            parked = QueueState(state.ref, state.partition, self._on_failure)
             parked.parked = True
             parked.moved_until = ring.next_seq
             self._queues[ring] = parked
             if moved:
                 self.moves += 1
                 self.counters.failover_moved += moved
-                log.warning(
-                    "partition %s/%d has had no available leader for %.0f s: moved its %d "
-                    "queued keyless events to partitions %s; its keyed events wait for it",
-                    topic.name,
-                    state.partition,
-                    unavailable_s,
-                    moved,
-                    targets,
-                )
 
     def _check_stalls(self, now: float) -> None:
         """Log once when a queue holding events stops advancing, and when it moves again."""
@@ -398,29 +283,21 @@ class Sender:
             if not ring.is_open:
                 continue
             seen.add(ring)
-            head = ring.head_seq
-            mark = self._progress.get(ring)
-            if not ring.depth or mark is None or mark[0] != head:
-                self._progress[ring] = (head, now)
-                if ring in self._stalled:
-                    self._stalled.discard(ring)
-                    log.warning("queue %s/%s is moving again", ref.topic, _name(ref.partition))
-                continue
-            if ring not in self._stalled and now - mark[1] >= self._settings.stall_after_s:
-                self._stalled.add(ring)
+            change = self._stalls.observe(ring, ring.head_seq, ring.depth, now)
+            if change is StallChange.MOVING_AGAIN:
+                log.warning("queue %s/%s is moving again", ref.topic, _name(ref.partition))
+            elif change is StallChange.STALLED:
                 log.error(
                     "queue %s/%s holds %d events and has not advanced for %.0f s "
                     "(broker connected: %s; last error: %s)",
                     ref.topic,
                     _name(ref.partition),
                     ring.depth,
-                    now - mark[1],
+                    self._stalls.stalled_for(ring, ring.depth, now),
                     "yes" if self.connected else "no",
                     self.counters.last_error,
                 )
-        for ring in self._progress.keys() - seen:
-            del self._progress[ring]
-            self._stalled.discard(ring)
+        self._stalls.keep_only(seen)
 
     def _refresh_metadata(self) -> None:
         now = self._clock.monotonic()
@@ -446,14 +323,7 @@ class Sender:
                 continue
             self._registry.set_partition_count(topic.name, layout.partition_count)
             self._health.set_leaders(topic.name, layout.leaders)
-            if topic.name not in self._settings_checked:
-                self._settings_checked.add(topic.name)
-                threading.Thread(
-                    target=self._check_topic_settings,
-                    args=(topic.name, layout.replication),
-                    name="eventspool-topic-settings",
-                    daemon=True,
-                ).start()
+            self._topic_settings.check_once(self._metadata, topic.name, layout.replication)
         self._apply_health()
         if missing and self._settings.create_topics:
             self._metadata.create_topics(missing)
@@ -470,7 +340,7 @@ class Sender:
                 continue
             state = self._queues.get(ref.ring)
             if state is None:
-                state = _QueueState(ref, ref.partition, self._on_failure)
+                state = QueueState(ref, ref.partition, self._on_failure)
                 self._queues[ref.ring] = state
             if state.tracker.failed or state.parked or now < state.retry_at:
                 continue
@@ -486,7 +356,7 @@ class Sender:
             produced += len(batch)
         return produced
 
-    def _produce_batch(self, state: _QueueState, batch: list[KafkaRecord]) -> None:
+    def _produce_batch(self, state: QueueState, batch: list[KafkaRecord]) -> None:
         """Hand one batch of a queue to librdkafka, in order, in compiled loops.
 
         Records come out of the ring already decoded, with their `event_id` header first
@@ -512,7 +382,7 @@ class Sender:
                 self._undecodable(state, seq, payload)
                 start += 1
 
-    def _undecodable(self, state: _QueueState, seq: int, payload: bytes | None) -> None:
+    def _undecodable(self, state: QueueState, seq: int, payload: bytes | None) -> None:
         state.tracker.sent(seq)
         self._dead_letter(
             state,
@@ -524,7 +394,7 @@ class Sender:
         )
         self._settled(state, seq)
 
-    def _produce_retrying(self, state: _QueueState, record: KafkaRecord) -> bool:
+    def _produce_retrying(self, state: QueueState, record: KafkaRecord) -> bool:
         """produce() after it raised: wait out a full librdkafka queue, settle errors.
 
         True once the record is queued; False when it failed for good (dead-lettered) or
@@ -551,7 +421,7 @@ class Sender:
                 if not isinstance(error, KafkaError):
                     raise
                 if error.fatal():
-                    self._fatal = error
+                    self._watchdog.fatal = error
                     state.tracker.failed_transiently()
                 elif is_permanent(error):
                     raw_id = headers[0][1] if headers else None
@@ -569,9 +439,7 @@ class Sender:
                     state.tracker.failed_transiently()
                 return False
 
-    def _on_failure(
-        self, state: _QueueState, seq: int, error: KafkaError, message: Message
-    ) -> None:
+    def _on_failure(self, state: QueueState, seq: int, error: KafkaError, message: Message) -> None:
         """A failed delivery report: dead-letter a permanent failure, rewind otherwise."""
         if is_permanent(error):
             event_id = _as_text(dict(message.headers() or []).get("event_id"))
@@ -589,7 +457,7 @@ class Sender:
         self.counters.last_error = str(error)
         state.tracker.failed_transiently()
 
-    def _settled(self, state: _QueueState, seq: int) -> None:
+    def _settled(self, state: QueueState, seq: int) -> None:
         # A state replaced since (new producer, failover) no longer owns its ring.
         if state.tracker.completed(seq) and self._queues.get(state.ref.ring) is state:
             self._advanced.add(state)
@@ -607,15 +475,14 @@ class Sender:
             if deliveries.delivered:
                 self.counters.delivered += deliveries.delivered
                 deliveries.delivered = 0
-                self._last_ack = now
-                self._reset_after_s = self._settings.producer_reset_after_s
+                self._watchdog.acknowledged(now)
         for state in self._advanced:
             state.ref.ring.ack(state.tracker.acked_until - 1)
         self._advanced.clear()
 
     def _dead_letter(
         self,
-        state: _QueueState,
+        state: QueueState,
         *,
         error_code: str,
         reason: str,
@@ -679,7 +546,7 @@ class Sender:
         self.counters.broker_errors += 1
         self.counters.last_error = str(error)
         if error.fatal():
-            self._fatal = error
+            self._watchdog.fatal = error
         if error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
             self.connected = False
 
