@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 
 from eventspool.agent import config as agent_config
+from eventspool.agent.config_loader import env_variables
+from eventspool.agent.config_tables import EXCHANGE_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
 SEMANTICS = REPO / "docs" / "semantics.md"
@@ -86,14 +88,14 @@ def test_the_agent_reference_documents_every_agent_toml_key() -> None:
     parts = re.split(r"^#{2,3} (.+)$", (REPO / "docs" / "agent.md").read_text(), flags=re.M)
     body = dict(zip(parts[1::2], parts[2::2], strict=True))
     expected: dict[str, list[str]] = {
-        **{f"[{section}]": list(keys) for section, keys in agent_config._SCALARS.items()},
+        **{f"[{section.name}]": list(section.names()) for section in agent_config.SECTIONS},
         **{
-            f"[{section}.{table}]": []
-            for section, tables in agent_config._TABLES.items()
-            for table in tables
+            f"[{section.name}.{table}]": []
+            for section in agent_config.SECTIONS
+            for table in section.tables
         },
-        "[topics.NAME]": list(agent_config._QUEUE_KEYS),
-        "[exchanges.NAME]": list(agent_config._EXCHANGE_KEYS),
+        "[topics.NAME]": [setting.name for setting in agent_config.QUEUE_SETTINGS],
+        "[exchanges.NAME]": list(EXCHANGE_KEYS),
     }
     missing = [f"section {heading}" for heading in expected if heading not in body]
     missing += [
@@ -104,7 +106,7 @@ def test_the_agent_reference_documents_every_agent_toml_key() -> None:
     ]
     missing += [
         f"{variable} ({section}.{key})"
-        for variable, (section, key) in agent_config._ENV_VARS.items()
+        for variable, (section, key) in env_variables(agent_config.SECTIONS).items()
         if f"`{variable}`" not in body.get(f"[{section}]", "")
     ]
     assert not missing, f"docs/agent.md does not document: {missing}"

@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 import click
 
-from eventspool.agent.config import ConfigError, load_agent_config
+from eventspool.agent.config import load_agent_config
+from eventspool.agent.config_loader import ConfigError
 from eventspool.agent.http import BadRequestError, parse_event
 from eventspool.agent.service import run
 from eventspool.broker.address import bootstrap_servers_option, running_embedded_broker

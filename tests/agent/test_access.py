@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eventspool.agent.access import AllowList, NamePatterns
-from eventspool.agent.config import ConfigError, load_agent_config
+from eventspool.agent.config import load_agent_config
+from eventspool.agent.config_loader import ConfigError
 from eventspool.broker import LocalBroker
 from eventspool.client.sync import Client
 from eventspool.errors import ForbiddenError

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eventspool.agent.config import AgentConfig, ConfigError, load_agent_config
+from eventspool.agent.config import AgentConfig, load_agent_config
+from eventspool.agent.config_loader import ConfigError
 from eventspool.config import Durability, FullPolicy, QueueSettings, SenderSettings, SpoolSettings
 from eventspool.errors import EventspoolError
 from eventspool.routing import Binding, Exchange, ExchangeType

@@ -665,11 +665,11 @@ def _pick(
 def _binary_connection(rng: random.Random, path: Path, topic: str, tally: _Tally) -> None:
     """Pipelined bad requests, each answered on a connection that stays open, then bad framing.
 
-    server.py answers a SEND it cannot parse (or a response type sent as a request) with
-    an ERROR carrying its request id and reads on, since the framing is intact; that is
-    what this expects, though docs/protocol.md says the connection then closes. The
-    framing error is sent only after every earlier answer arrived: the agent discards the
-    frames that came in the same read as a framing error, unanswered.
+    agent/connection.py answers a SEND it cannot parse (or a response type sent as a
+    request) with an ERROR carrying its request id and reads on, since the framing is
+    intact; that is what this expects, though docs/protocol.md says the connection then
+    closes. The framing error is sent only after every earlier answer arrived: the agent
+    discards the frames that came in the same read as a framing error, unanswered.
     """
     count = 0 if rng.random() < 0.75 else rng.randint(1, 40)
     requests: dict[int, bytes] = {}
@@ -992,9 +992,9 @@ def _check_answers(stream: bytes, answers: list[Any], topic: str) -> None:
 
     After a framing error the agent says ERROR with request id 0 and closes; the frames it
     read together with the error may go unanswered, so then the answers are a prefix.
-    The order is server.py's (one connection is read, answered, then read on); the
-    protocol lets clients rely only on request ids, so a server that reorders needs this
-    check to match by id instead.
+    The order is agent/connection.py's (one connection is read, answered, then read on);
+    the protocol lets clients rely only on request ids, so a server that reorders needs
+    this check to match by id instead.
     """
     walked = _walk(stream)
     if walked.tail == "invalid":

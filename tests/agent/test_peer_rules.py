@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from eventspool._core.native import decode_results
 from eventspool.agent.access import Grant, Peer, PeerRule, PeerRules
-from eventspool.agent.config import ConfigError, load_agent_config
+from eventspool.agent.config import load_agent_config
+from eventspool.agent.config_loader import ConfigError
 from eventspool.broker import LocalBroker
 from eventspool.client.sync import Client
 from eventspool.testing.agent import AgentProcess

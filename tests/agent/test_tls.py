@@ -28,7 +28,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eventspool.agent.access import Peer, PeerRule, PeerRules, token_digest
-from eventspool.agent.config import ConfigError, load_agent_config
+from eventspool.agent.config import load_agent_config
+from eventspool.agent.config_loader import ConfigError
 from eventspool.broker import LocalBroker
 from eventspool.broker.local import find_free_port
 from eventspool.client.aio import AsyncClient

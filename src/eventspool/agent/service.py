@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eventspool.agent.access import AllowList, PeerRules
-from eventspool.agent.config import AgentConfig, ConfigError
+from eventspool.agent.config import AgentConfig
+from eventspool.agent.config_loader import ConfigError
 from eventspool.agent.quotas import Quotas
 from eventspool.agent.server import AgentServer
 from eventspool.agent.systemd import notify
