@@ -34,7 +34,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from eventspool.clock import SYSTEM_CLOCK, Clock
 from eventspool.config import KafkaConfigValue, validate_topic
-from eventspool.consumer.pool import resolve_handler
+from eventspool.consumer.handler import resolve_handler
 from eventspool.consumer.record import Record
 from eventspool.envelope import HeadersInput
 from eventspool.errors import EventspoolError

@@ -21,8 +21,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from eventspool.broker import LocalBroker
 from eventspool.clock import SYSTEM_CLOCK, Clock, ManualClock
 from eventspool.consumer import Consumer, ConsumerSettings, HandlerError, Record
+from eventspool.consumer.forwarding import DEAD_LETTER_HEADERS
 from eventspool.consumer.metrics import ConsumerCollector
-from eventspool.consumer.runner import DEAD_LETTER_HEADERS, _collector_paused
+from eventspool.consumer.runner import _collector_paused
 from tests.consumer.conftest import (
     GROUP_KAFKA,
     committed,
@@ -684,13 +685,13 @@ def test_records_carry_the_envelope_identity() -> None:
 
 def test_settling_the_last_held_event_is_published_at_once() -> None:
     consumer = Consumer("g", ["t"], "tests.consumer.handlers:slow_from_env")
-    consumer._held = 3
+    consumer._flow.held = 3
     consumer._publish_status(force=True)
-    consumer._next_snapshot = float("inf")  # the snapshot period never ends in this test
+    consumer._board._next_snapshot = float("inf")  # the snapshot period never ends in this test
     consumer._counters.processed = 2
     consumer._publish_status()
     assert consumer.status().counters.processed == 0, "mid-period, still held: not published"
-    consumer._held = 0
+    consumer._flow.held = 0
     consumer._counters.processed = 3
     consumer._publish_status()
     assert (consumer.status().buffered, consumer.status().counters.processed) == (0, 3)

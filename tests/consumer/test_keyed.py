@@ -13,19 +13,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from eventspool._core.native import split_keyed
+from eventspool.consumer.messages import Drop, Parts, PartWire, Progress
 from eventspool.consumer.offsets import PartitionOffsets
-from eventspool.consumer.pool import (
-    Drop,
-    Parts,
-    PartWire,
-    Progress,
-    _AsyncWorker,
-    _PartRun,
-    _PlainWorker,
-)
 from eventspool.consumer.record import RawRecord, Record
 from eventspool.consumer.scheduler import Ordering
 from eventspool.consumer.settings import RetryPolicy
+from eventspool.consumer.worker.aio import AsyncWorker
+from eventspool.consumer.worker.plain import PartRun, PlainWorker
 
 
 class _Pipe:
@@ -87,24 +81,24 @@ def _part(part_id: int, partition: int, raws: list[RawRecord], packed: bool) -> 
     return (part_id, "t", partition, blob, None)
 
 
-def _worker(handler: Any, max_attempts: int, backoff_s: float = 0.0) -> tuple[_PlainWorker, _Pipe]:
+def _worker(handler: Any, max_attempts: int, backoff_s: float = 0.0) -> tuple[PlainWorker, _Pipe]:
     pipe = _Pipe()
     retry = RetryPolicy(max_attempts, backoff_s, backoff_s)
-    worker = _PlainWorker(pipe, handler, Ordering.KEY, _Progress(), retry)  # type: ignore[arg-type]
+    worker = PlainWorker(pipe, handler, Ordering.KEY, _Progress(), retry)  # type: ignore[arg-type]
     return worker, pipe
 
 
-def _run_next(worker: _PlainWorker) -> None:
+def _run_next(worker: PlainWorker) -> None:
     """Run the worker's next job, or its next part's run up to an arrival or a failure."""
     work = worker._next()
     assert work is not None
-    if isinstance(work, _PartRun):
+    if isinstance(work, PartRun):
         worker._run_part(work, math.inf)
     else:
         worker._run(work)
 
 
-def _drain(worker: _PlainWorker) -> None:
+def _drain(worker: PlainWorker) -> None:
     """Run what the worker holds, waiting for retries to be due, then report."""
     while worker._ready or worker._timers:
         _run_next(worker)
@@ -244,7 +238,7 @@ def test_an_async_worker_runs_each_keys_events_in_order_and_settles_each_once(
     split = min(split, len(keys))
     pipe = _AsyncPipe(_parts(keys, split), len(keys))
     retry = RetryPolicy(max_attempts, 0.0, 0.0)
-    worker = _AsyncWorker(pipe, handler, Ordering.KEY, concurrency, retry)
+    worker = AsyncWorker(pipe, handler, Ordering.KEY, concurrency, retry)
     asyncio.run(asyncio.wait_for(worker.serve(), 10))
     _check(calls, keys, failing, max_attempts)
     _check_reports(_reports(pipe), keys, failing, max_attempts, split)
@@ -300,7 +294,7 @@ def test_a_part_run_stops_when_a_report_is_due_and_goes_on_first() -> None:
     worker._take(Parts([_part(0, 0, [_raw(offset, b"k") for offset in range(4)], True)]))
     worker._take(Parts([_part(1, 0, [_raw(4, b"k")], True)]))
     run = worker._next()
-    assert isinstance(run, _PartRun)
+    assert isinstance(run, PartRun)
     worker._run_part(run, 0.0)  # the report is already due: one event, then back
     assert (calls, run.next, worker._ready[0]) == ([0], 1, run)
     worker._run_part(worker._next(), math.inf)  # type: ignore[arg-type]

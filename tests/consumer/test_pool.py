@@ -19,15 +19,8 @@ import pytest
 from confluent_kafka import Message
 
 from eventspool._core.native import split_keyed
-from eventspool.consumer.pool import (
-    _HANDOFF_BYTES,
-    InRing,
-    PartWire,
-    Progress,
-    SentParts,
-    WorkerDied,
-    WorkerPool,
-)
+from eventspool.consumer.messages import InRing, PartWire, Progress, SentParts, WorkerDied
+from eventspool.consumer.pool import _HANDOFF_BYTES, WorkerPool
 from eventspool.consumer.scheduler import Ordering
 from eventspool.consumer.settings import RetryPolicy
 from tests.consumer.handlers import record_to
