@@ -38,6 +38,7 @@ from eventspool.client.common import (
     Target,
     connect_failure,
     greeting_failure,
+    next_backoff,
     parse_target,
     routed_event_payload,
 )
@@ -64,7 +65,6 @@ __all__ = ["AgentError", "AsyncClient"]
 _T = TypeVar("_T")
 
 _READ_SIZE = 256 * 1024
-_MAX_BACKOFF_S = 1.0
 _MAX_REQUEST_ID = 0xFFFF_FFFF
 
 
@@ -399,7 +399,7 @@ class AsyncClient:
 
     def _back_off(self) -> None:
         """Wait longer before each new attempt, up to a second, while the agent stays away."""
-        self._backoff = min(max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S)
+        self._backoff = next_backoff(self._backoff, self.reconnect_backoff_s)
 
     async def _connect(self) -> _Connection:
         """A new connection; raises OSError while the agent cannot be reached (the writer

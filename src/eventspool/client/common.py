@@ -163,3 +163,14 @@ def _hangup_hint(tls: bool) -> str:
     if tls:
         return " (one that asks for client certificates does so without one it trusts)"
     return " (a TLS listener does so to a client without TLS: give ssl_context)"
+
+
+#: The longest wait between two connection attempts: an agent back from a restart is
+#: reached within a second.
+MAX_BACKOFF_S = 1.0
+
+
+def next_backoff(current_s: float, first_s: float) -> float:
+    """The wait before the next connection attempt: doubling from `first_s`, at most
+    `MAX_BACKOFF_S`."""
+    return min(max(current_s * 2, first_s), MAX_BACKOFF_S)

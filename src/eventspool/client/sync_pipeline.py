@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from eventspool.client.common import Target, connect_failure
+from eventspool.client.common import Target, connect_failure, next_backoff
 from eventspool.client.sync_connection import (
     READ_SIZE,
     Connection,
@@ -70,7 +70,6 @@ from eventspool.wire.protocol import (
 
 # How many `max_batch` chunks the reader writes at most per turn between its reads.
 _READER_BATCHES = 16
-_MAX_BACKOFF_S = 1.0
 
 
 class Pipeline:
@@ -314,9 +313,7 @@ class Pipeline:
             try:
                 sock = self._open_socket()
             except OSError as exc:
-                self._backoff = min(
-                    max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S
-                )
+                self._backoff = next_backoff(self._backoff, self.reconnect_backoff_s)
                 if time.monotonic() + self._backoff > deadline:
                     raise OSError(exc.errno, connect_failure(self._target, exc)) from exc
                 continue
@@ -329,9 +326,7 @@ class Pipeline:
                 connection = greet(sock, self._target, max_frame, self._next_id(), self.timeout)
             except EventspoolError:
                 sock.close()
-                self._backoff = min(
-                    max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S
-                )
+                self._backoff = next_backoff(self._backoff, self.reconnect_backoff_s)
                 raise
         reader = threading.Thread(
             target=self._read_in_background,
@@ -470,9 +465,7 @@ class Pipeline:
             if connection.answered:
                 self._backoff = 0.0
             else:
-                self._backoff = min(
-                    max(self._backoff * 2, self.reconnect_backoff_s), _MAX_BACKOFF_S
-                )
+                self._backoff = next_backoff(self._backoff, self.reconnect_backoff_s)
         with contextlib.suppress(OSError):  # already broken: closing is all that is left
             connection.sock.shutdown(socket.SHUT_RDWR)
         connection.sock.close()
