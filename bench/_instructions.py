@@ -30,10 +30,11 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from _common import figure, sender_producer_config
 from eventspool.broker.local import create_topic
 from eventspool.envelope import EventIdGenerator
 from eventspool.pipeline import Spool
+from harness.figures import figure
+from harness.producer import sender_producer_config
 
 PAYLOAD = b"v" * 100
 KEYS = [f"user-{i}".encode() for i in range(10_000)]

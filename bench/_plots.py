@@ -17,7 +17,7 @@ from typing import Any
 from matplotlib import ticker
 from matplotlib.figure import Figure as Plot
 
-from _figures import Figure
+from harness.figures import Figure
 
 OURS_COLOUR = "#1f77b4"
 ANCHOR_COLOUR = "#a0a0a0"

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from _figures import Figure, figures_of
+from harness.figures import Figure, figures_of
 
 IMAGE_DIR = "img"
 RATIO_PLOT = "ratios.png"

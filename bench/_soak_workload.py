@@ -41,7 +41,6 @@ from typing import Any, NoReturn
 
 import confluent_kafka
 
-from _common import sender_producer_config
 from eventspool.client.aio import AsyncClient
 from eventspool.client.sync import AgentError, Client
 from eventspool.consumer import Consumer, ConsumerSettings
@@ -49,6 +48,7 @@ from eventspool.envelope import EventIdGenerator
 from eventspool.errors import EventspoolError, SpoolClosedError, SpoolFullError
 from eventspool.testing.agent import UnixHTTPConnection
 from eventspool.testing.ledger import HandlerLedger, LedgerWriter
+from harness.producer import sender_producer_config
 
 # ---- the workload -----------------------------------------------------------------
 

@@ -35,7 +35,6 @@ Runs alternate between ours and the anchor. The LAST stdout line is one JSON obj
 from __future__ import annotations
 
 import asyncio
-import shutil
 import sys
 import time
 import uuid
@@ -45,19 +44,13 @@ from typing import Any, NamedTuple
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer
 
-from _common import (
-    BenchArgs,
-    emit_result,
-    figure,
-    machine,
-    median,
-    parse_args,
-    print_table,
-    progress,
-    safe_ratio,
-)
 from eventspool.broker.local import LocalBroker, create_topic
 from eventspool.consumer import Consumer, ConsumerSettings, Record
+from harness.cli import BenchArgs, bench_main
+from harness.figures import figure
+from harness.output import progress
+from harness.runs import alternate, median, safe_ratio
+from harness.session import Session
 
 FULL_EVENTS = 300_000
 QUICK_EVENTS = 60_000
@@ -178,9 +171,8 @@ def run(args: BenchArgs) -> dict[str, object]:
     events = QUICK_EVENTS if args.quick else FULL_EVENTS
     cpu_events = QUICK_CPU_EVENTS if args.quick else FULL_CPU_EVENTS
     io_events = QUICK_IO_EVENTS if args.quick else FULL_IO_EVENTS
-    scratch = args.make_scratch("bench-consumer-")
-    try:
-        with LocalBroker(scratch / "broker") as broker:
+    with Session(args, "consumer") as session:
+        with LocalBroker(session.scratch / "broker") as broker:
             bootstrap = broker.bootstrap_servers
             fill_topic(bootstrap, "noop", events)
             fill_topic(bootstrap, "cpu", cpu_events)
@@ -198,7 +190,7 @@ def run(args: BenchArgs) -> dict[str, object]:
                     ("anchor", lambda: anchor(bootstrap, "noop", events), anchor_rates),
                     ("ours", measure_ours, ours_rates),
                 ]
-                for name, measure, rates in pair if rep % 2 == 0 else reversed(pair):
+                for name, measure, rates in alternate(rep, pair):
                     rates.append(measure())
                     cpu = f", parent CPU {parent_cpu[-1]:.1f} us/event" if name == "ours" else ""
                     progress(f"(a) rep {rep + 1} {name}: {rates[-1]:,.0f} events/s{cpu}")
@@ -210,7 +202,7 @@ def run(args: BenchArgs) -> dict[str, object]:
                     progress(f"(b) rep {rep + 1} {workers} workers: {rates[-1]:,.0f} events/s")
         # A broker of its own: the embedded broker's fetches slow down with all it holds
         # (the anchor of (a) read 861k events/s, then 203k once 60k more were in "io").
-        with LocalBroker(scratch / "broker-io") as broker:
+        with LocalBroker(session.scratch / "broker-io") as broker:
             bootstrap = broker.bootstrap_servers
             fill_topic(bootstrap, "io", io_events)
             io_rates: list[float] = []
@@ -226,38 +218,11 @@ def run(args: BenchArgs) -> dict[str, object]:
                     ).rate
                 )
                 progress(f"(c) rep {rep + 1}: {io_rates[-1]:,.0f} events/s")
-    finally:
-        if not args.keep:
-            shutil.rmtree(scratch, ignore_errors=True)
     ours_rate, anchor_rate = median(ours_rates), median(anchor_rates)
     one_rate, two_rate = median(one), median(two)
     io_rate = median(io_rates)
     cpu_us = median(parent_cpu)
     io_ideal = IO_WORKERS * IO_CONCURRENCY / IO_WAIT_S
-    print_table(
-        ["figure", "ours", "anchor", "ratio"],
-        [
-            [
-                "(a) no-op events/s",
-                f"{ours_rate:,.0f}",
-                f"{anchor_rate:,.0f}",
-                safe_ratio(ours_rate, anchor_rate),
-            ],
-            ["(a) parent CPU us/event", f"{cpu_us:.1f}", "", ""],
-            [
-                "(b) 1 ms CPU events/s, 2 vs 1 workers",
-                f"{two_rate:,.0f}",
-                f"{one_rate:,.0f}",
-                safe_ratio(two_rate, one_rate),
-            ],
-            [
-                "(c) 10 ms async I/O events/s vs the ideal",
-                f"{io_rate:,.0f}",
-                f"{io_ideal:,.0f}",
-                safe_ratio(io_rate, io_ideal),
-            ],
-        ],
-    )
     return {
         "figure": "consumer_noop_events_per_s",
         "ours": round(ours_rate),
@@ -305,14 +270,12 @@ def run(args: BenchArgs) -> dict[str, object]:
         "value_bytes": len(VALUE),
         "partitions": PARTITIONS,
         "repeats": args.repeats,
-        "machine": machine(),
+        **session.provenance(),
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    result = run(parse_args("Consumer throughput against a bare confluent-kafka loop", argv))
-    emit_result(result)
-    return 0
+    return bench_main("Consumer throughput against a bare confluent-kafka loop", run, argv)
 
 
 if __name__ == "__main__":

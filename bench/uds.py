@@ -48,8 +48,6 @@ import json
 import os
 import queue
 import random
-import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -60,34 +58,24 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
-from _common import (
-    BenchArgs,
-    elapsed_s,
-    emit_result,
-    figure,
-    filesystem_type,
-    latency_summary_us,
-    load_average_1m,
-    machine,
-    median,
-    parse_args,
-    print_table,
-    progress,
-    safe_ratio,
-)
-from eventspool.broker import LocalBroker, create_topic
+from eventspool.broker import create_topic
 from eventspool.broker.local import find_free_port
-from eventspool.client.sync import AgentError, Client
+from eventspool.client.sync import Client
 from eventspool.config import MIB, QueueSettings, SpoolSettings
-from eventspool.envelope import FIXED_SIZE
 from eventspool.errors import EventspoolError
 from eventspool.pipeline import Spool
-from eventspool.spool.ring import frame_size
+from eventspool.testing.agent import AgentProcess
 from eventspool.testing.tls import Pki, have_openssl
+from harness.cli import BenchArgs, bench_main
+from harness.cpu import process_cpu_s
+from harness.figures import figure
+from harness.output import progress
+from harness.rings import expect_emptied, fitting_events
+from harness.runs import Runs, alternate, latency_summary_us, safe_ratio
+from harness.session import Session
 
 FIGURE = "uds_rate_one_batching_client"
 TOPIC = "bench-uds"
@@ -423,100 +411,19 @@ def combine(passes: Sequence[RatePass]) -> RatePass:
 # ---- the agent --------------------------------------------------------------------------
 
 
-class Agent:
-    """`eventspool agent` as its own process, on a generated agent.toml.
-
-    Started by the constructor; `kill` and `start` again restart it on the same spool
-    directory and socket, as a supervisor would after a crash.
-    """
-
-    def __init__(self, directory: Path, bootstrap: str, extra: str = "") -> None:
-        """`extra`: more [agent] keys, then tables such as [[access]]."""
-        directory.mkdir(parents=True, exist_ok=True)
-        self.socket_path = directory / "agent.sock"
-        self.config = directory / "agent.toml"
-        self.log = directory / "agent.log"
-        self.config.write_text(
-            "[agent]\n"
-            f"spool_dir = {json.dumps(os.fspath(directory / 'agent-spool'))}\n"
-            f"socket = {json.dumps(os.fspath(self.socket_path))}\n"
-            f"{extra}\n"
-            "[kafka]\n"
-            f"bootstrap_servers = {json.dumps(bootstrap)}\n"
-        )
-        self.process = self._spawn()
-        self._wait_ready()
-
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        with self.log.open("ab") as log:
-            return subprocess.Popen(
-                [sys.executable, "-m", "eventspool", "agent", "--config", str(self.config)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def _wait_ready(self) -> None:
-        """Until the agent answers a PING: the socket file of a killed agent proves nothing."""
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the agent did not start:\n{self.log_tail()}")
-            try:
-                with Client(self.socket_path, timeout=0.2) as probe:
-                    probe.ping()
-                return
-            except AgentError:
-                time.sleep(0.05)
-
-    def start(self) -> None:
-        """Start it again after `kill` or `stop`, and wait until it answers."""
-        if self.process.poll() is None:
-            raise RuntimeError("the agent is still running")
-        self.process = self._spawn()
-        self._wait_ready()
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown code runs, as in a crash or an OOM kill."""
-        if self.process.poll() is not None:
-            raise RuntimeError(f"the agent died by itself:\n{self.log_tail()}")
-        self.process.kill()
-        self.process.wait()
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
-
-    def cpu_s(self) -> float:
-        """User + system CPU seconds of every thread of the agent so far (Linux /proc)."""
-        raw = Path(f"/proc/{self.process.pid}/stat").read_text()
-        fields = raw.rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stats(self) -> dict[str, Any]:
-        """The agent's STATS answer, over a connection of its own."""
-        with Client(self.socket_path) as probe:
-            return probe.stats()
-
-    def wait_drained(self, timeout: float) -> float:
-        """Until no event is unacknowledged by the broker; returns the seconds waited."""
-        started = time.monotonic()
-        while True:
-            depth = sum(int(queue["depth"]) for queue in self.stats()["queues"])
-            if depth == 0:
-                return time.monotonic() - started
-            if time.monotonic() - started > timeout:
-                raise RuntimeError(f"the agent still holds {depth} events after {timeout} s")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+def start_agent(directory: Path, bootstrap: str, extra: str = "") -> AgentProcess:
+    """`eventspool agent` on its defaults (the spool's own max_event_bytes too), `extra`
+    being more [agent] keys, then tables such as [[access]]; returns once it answers."""
+    directory.mkdir(parents=True, exist_ok=True)
+    agent = AgentProcess(
+        directory,
+        bootstrap,
+        extra,
+        spool_dir=directory / "agent-spool",
+        max_event_bytes=SpoolSettings().max_event_bytes,
+    )
+    agent.start_answering(_START_TIMEOUT_S)
+    return agent
 
 
 def tcp_listener_toml(port: int, tls: tuple[Path, Path] | None = None) -> str:
@@ -545,44 +452,14 @@ def access_rules_toml() -> str:
 # ---- the anchor ---------------------------------------------------------------------------
 
 
-def anchor_max_events() -> int:
-    """A pass must fit in the anchor's rings without a drainer: half the total capacity."""
-    return PARTITIONS * CAPACITY_BYTES // (2 * frame_size(FIXED_SIZE + PAYLOAD_BYTES))
-
-
-def drain(spool: Spool) -> int:
-    """Read and acknowledge everything in every ring of the anchor spool; the record count."""
-    drained = 0
-    for ref in spool.queues():
-        ring = ref.ring
-        while batch := ring.read_batch(max_records=10_000, max_bytes=64 * MIB):
-            ring.ack(batch[-1].seq)
-            drained += len(batch)
-    return drained
-
-
 def anchor_pass(spool: Spool, value: bytes, seconds: float) -> RatePass:
-    result = timed_rate(spool.send, value, 1, seconds, anchor_max_events())
-    drained = drain(spool)
-    if drained != result.events:
-        raise RuntimeError(f"sent {result.events} events but drained {drained}")
+    fits = fitting_events(PARTITIONS, CAPACITY_BYTES, PAYLOAD_BYTES)
+    result = timed_rate(spool.send, value, 1, seconds, fits)
+    expect_emptied(spool, result.events)
     return result
 
 
 # ---- main -------------------------------------------------------------------------------
-
-
-class Runs:
-    """Per-repetition values by figure name; each figure is reported as their median."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, list[float]] = {}
-
-    def add(self, name: str, value: float) -> None:
-        self.values.setdefault(name, []).append(value)
-
-    def medians(self) -> dict[str, float]:
-        return {name: median(values) for name, values in self.values.items()}
 
 
 def add_pass(runs: Runs, name: str, result: RatePass, agent_cpu_s: float | None) -> None:
@@ -603,68 +480,56 @@ def run(args: BenchArgs) -> dict[str, object]:
     profile = QUICK if args.quick else FULL
     value = payload()
     runs = Runs()
-    facts: dict[str, object] = {"load_average_1m_start": load_average_1m()}
-    scratch = args.make_scratch("eventspool-uds-")
-    fs_type = filesystem_type(scratch)
-    progress(
-        f"profile {'quick' if args.quick else 'full'}: {args.repeats} repetitions, passes of "
-        f"{profile.pass_seconds}s, {profile.rtt_samples} round trips; scratch on {fs_type}"
-    )
+    facts: dict[str, Any] = {}
     anchor_settings = SpoolSettings(queue=QueueSettings(capacity_bytes=CAPACITY_BYTES))
     plain_port, tls_port = find_free_port(), find_free_port()
-    try:
+    with Session(args, "uds") as session, contextlib.ExitStack() as stack:
+        scratch = session.scratch
+        progress(
+            f"profile {'quick' if args.quick else 'full'}: {args.repeats} repetitions, passes "
+            f"of {profile.pass_seconds}s, {profile.rtt_samples} round trips"
+        )
         pki = Pki(scratch / "pki")
-        with LocalBroker(scratch / "broker") as broker:
-            create_topic(broker.bootstrap_servers, TOPIC, PARTITIONS)
-            agent = Agent(scratch, broker.bootstrap_servers, tcp_listener_toml(plain_port))
-            ruled = Agent(scratch / "ruled", broker.bootstrap_servers, access_rules_toml())
-            secure = Agent(
-                scratch / "secure",
-                broker.bootstrap_servers,
-                tcp_listener_toml(tls_port, pki.issue("localhost", server=True)),
+        bootstrap = session.broker().bootstrap_servers
+        create_topic(bootstrap, TOPIC, PARTITIONS)
+
+        def stopped_at_end(agent: AgentProcess) -> AgentProcess:
+            stack.callback(agent.stop)
+            return agent
+
+        agent = stopped_at_end(start_agent(scratch, bootstrap, tcp_listener_toml(plain_port)))
+        ruled = stopped_at_end(start_agent(scratch / "ruled", bootstrap, access_rules_toml()))
+        server_tls = pki.issue("localhost", server=True)
+        secure = stopped_at_end(
+            start_agent(scratch / "secure", bootstrap, tcp_listener_toml(tls_port, server_tls))
+        )
+        tcp = TcpTargets(
+            f"tcp://{TCP_HOST}:{plain_port}", f"tcp://{TCP_HOST}:{tls_port}", pki.client_context()
+        )
+        anchor = stack.enter_context(Spool(scratch / "anchor-spool", settings=anchor_settings))
+        anchor.set_partition_count(TOPIC, PARTITIONS)
+        progress(f"broker, agent (pid {agent.pid}) and anchor spool ready")
+        processes = ClientProcesses(agent.socket_path, PROCESSES, CLIENT_THREADS)
+        stack.callback(processes.close)
+        progress(f"{PROCESSES} client processes connected")
+        try:
+            measure(
+                agent,
+                ruled,
+                processes,
+                anchor,
+                secure=secure,
+                tcp=tcp,
+                value=value,
+                profile=profile,
+                repeats=args.repeats,
+                runs=runs,
+                facts=facts,
             )
-            tcp = TcpTargets(
-                f"tcp://{TCP_HOST}:{plain_port}",
-                f"tcp://{TCP_HOST}:{tls_port}",
-                pki.client_context(),
-            )
-            processes: ClientProcesses | None = None
-            anchor = Spool(scratch / "anchor-spool", settings=anchor_settings)
-            try:
-                anchor.set_partition_count(TOPIC, PARTITIONS)
-                progress(f"broker, agent (pid {agent.process.pid}) and anchor spool ready")
-                processes = ClientProcesses(agent.socket_path, PROCESSES, CLIENT_THREADS)
-                progress(f"{PROCESSES} client processes connected")
-                measure(
-                    agent,
-                    ruled,
-                    processes,
-                    anchor,
-                    secure=secure,
-                    tcp=tcp,
-                    value=value,
-                    profile=profile,
-                    repeats=args.repeats,
-                    runs=runs,
-                    facts=facts,
-                )
-            except BaseException:
-                progress(f"agent log:\n{agent.log_tail()}")
-                raise
-            finally:
-                if processes is not None:
-                    processes.close()
-                anchor.close()
-                agent.stop()
-                ruled.stop()
-                secure.stop()
-    finally:
-        if args.keep:
-            progress(f"scratch directory kept: {scratch}")
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
-    facts["load_average_1m_end"] = load_average_1m()
-    return build_result(args, profile, runs, facts, fs_type)
+        except BaseException:
+            progress(f"agent log:\n{agent.log_tail()}")
+            raise
+    return build_result(args, profile, runs, facts, session)
 
 
 @dataclass(frozen=True, slots=True)
@@ -678,18 +543,18 @@ class TcpTargets:
 
 
 def measure(
-    agent: Agent,
-    ruled: Agent,
+    agent: AgentProcess,
+    ruled: AgentProcess,
     processes: ClientProcesses,
     anchor: Spool,
     *,
-    secure: Agent,
+    secure: AgentProcess,
     tcp: TcpTargets,
     value: bytes,
     profile: Profile,
     repeats: int,
     runs: Runs,
-    facts: dict[str, object],
+    facts: dict[str, Any],
 ) -> None:
     """Warm every path once, then each repetition runs every pass, in the same order."""
     drains: list[float] = []
@@ -702,29 +567,29 @@ def measure(
     ):
         warm = timed_rate(batching.send, value, CLIENT_THREADS, profile.warmup_seconds)
         timed_rate(checked.send, value, CLIENT_THREADS, profile.warmup_seconds)
-        drains.append(ruled.wait_drained(profile.drain_timeout_s))
+        drains.append(ruled.wait_until_drained(profile.drain_timeout_s))
         for side, client in ((agent, plaintext), (secure, encrypted)):
             timed_rate(client.send, value, CLIENT_THREADS, profile.warmup_seconds)
-            drains.append(side.wait_drained(profile.drain_timeout_s))
+            drains.append(side.wait_until_drained(profile.drain_timeout_s))
         warm_processes = combine(processes.run(profile.warmup_seconds))
         anchor_pass(anchor, value, profile.warmup_seconds)
-        drains.append(agent.wait_drained(profile.drain_timeout_s))
+        drains.append(agent.wait_until_drained(profile.drain_timeout_s))
         progress(
             f"warm-up: one client {warm.rate:,.0f}/s, {PROCESSES} processes "
             f"{warm_processes.rate:,.0f}/s"
         )
         rates: dict[str, float] = {}
 
-        def alternate(
-            rep: int, sides: list[tuple[Agent, str]], run: Callable[[str], RatePass]
+        def both(
+            rep: int, sides: list[tuple[AgentProcess, str]], run: Callable[[str], RatePass]
         ) -> None:
             """Run the pass of each side, in alternating order from one repetition to the
             next, and record its rate and the agent's CPU."""
-            for side, name in sides if rep % 2 == 0 else reversed(sides):
-                cpu = side.cpu_s()
+            for side, name in alternate(rep, sides):
+                cpu = process_cpu_s(side.pid)
                 sent = run(name)
-                add_pass(runs, name, sent, side.cpu_s() - cpu)
-                drains.append(side.wait_drained(profile.drain_timeout_s))
+                add_pass(runs, name, sent, process_cpu_s(side.pid) - cpu)
+                drains.append(side.wait_until_drained(profile.drain_timeout_s))
                 rates[name] = sent.rate
 
         clients = {
@@ -744,28 +609,28 @@ def measure(
 
         for rep in range(repeats):
             # The same pass with and without the access checks.
-            alternate(rep, [(agent, "one_client"), (ruled, "access_rules")], blocking)
+            both(rep, [(agent, "one_client"), (ruled, "access_rules")], blocking)
             # The same pass over loopback TCP, in plaintext and with TLS.
-            alternate(rep, [(agent, "tcp_plain"), (secure, "tcp_tls")], blocking)
+            both(rep, [(agent, "tcp_plain"), (secure, "tcp_tls")], blocking)
             # send_async() over both: frames of many events, where TLS costs per record.
-            alternate(rep, [(agent, "tcp_async_plain"), (secure, "tcp_async_tls")], firing)
+            both(rep, [(agent, "tcp_async_plain"), (secure, "tcp_async_tls")], firing)
 
-            cpu = agent.cpu_s()
+            cpu = process_cpu_s(agent.pid)
             fired = async_rate(batching, value, CLIENT_THREADS, profile.pass_seconds)
-            add_pass(runs, "async", fired, agent.cpu_s() - cpu)
-            drains.append(agent.wait_drained(profile.drain_timeout_s))
+            add_pass(runs, "async", fired, process_cpu_s(agent.pid) - cpu)
+            drains.append(agent.wait_until_drained(profile.drain_timeout_s))
 
             runs.add("handoff_ceiling", handoff_ceiling(CLIENT_THREADS, profile.pass_seconds))
             runs.add("echo_rtt_p50_us", socket_echo_rtt_us(profile.rtt_samples))
 
-            cpu = agent.cpu_s()
+            cpu = process_cpu_s(agent.pid)
             many = combine(processes.run(profile.pass_seconds))
-            add_pass(runs, "processes", many, agent.cpu_s() - cpu)
-            drains.append(agent.wait_drained(profile.drain_timeout_s))
+            add_pass(runs, "processes", many, process_cpu_s(agent.pid) - cpu)
+            drains.append(agent.wait_until_drained(profile.drain_timeout_s))
 
-            cpu = agent.cpu_s()
+            cpu = process_cpu_s(agent.pid)
             samples = round_trips(single, value, profile.rtt_samples, profile.rtt_warmup)
-            agent_cpu = agent.cpu_s() - cpu
+            agent_cpu = process_cpu_s(agent.pid) - cpu
             summary = latency_summary_us(samples)
             for stat in ("p50_us", "p99_us", "p999_us", "max_us"):
                 runs.add(f"rtt_{stat}", summary[stat])
@@ -773,7 +638,7 @@ def measure(
                 "rtt_agent_cpu_us_per_event",
                 agent_cpu * 1e6 / (profile.rtt_samples + profile.rtt_warmup),
             )
-            drains.append(agent.wait_drained(profile.drain_timeout_s))
+            drains.append(agent.wait_until_drained(profile.drain_timeout_s))
 
             spool = anchor_pass(anchor, value, profile.pass_seconds)
             add_pass(runs, "anchor", spool, None)
@@ -792,7 +657,7 @@ def measure(
 
 
 def build_result(
-    args: BenchArgs, profile: Profile, runs: Runs, facts: dict[str, object], fs_type: str
+    args: BenchArgs, profile: Profile, runs: Runs, facts: dict[str, Any], session: Session
 ) -> dict[str, object]:
     figures = runs.medians()
     ours = figures["one_client_rate"]
@@ -800,14 +665,15 @@ def build_result(
     tls_ratio = safe_ratio(figures["tcp_tls_rate"], figures["tcp_plain_rate"])
     tls_async_ratio = safe_ratio(figures["tcp_async_tls_rate"], figures["tcp_async_plain_rate"])
     anchor = figures["anchor_rate"]
-    result: dict[str, object] = {
-        "figure": FIGURE,
-        "ours": round(ours),
-        "anchor": round(anchor),
-        "ratio": safe_ratio(ours, anchor),
-        "unit": "events/s",
-        "title": f"Client.send() through the agent, one client shared by {CLIENT_THREADS} threads",
-        "anchor_is": "Spool.send() in the application's own process",
+    return {
+        **figure(
+            FIGURE,
+            round(ours),
+            round(anchor),
+            unit="events/s",
+            title=f"Client.send() through the agent, one client shared by {CLIENT_THREADS} threads",
+            anchor_is="Spool.send() in the application's own process",
+        ),
         "figures": [
             figure(
                 "uds_rate_send_async_one_client",
@@ -934,85 +800,21 @@ def build_result(
             "cpu": "agent: /proc utime+stime of all its threads over the pass; clients: "
             "process_time() over the pass",
         },
-        "runs": {
-            name: [round(v, 3) for v in values]
-            for name, values in runs.values.items()
-            if name.endswith(("_rate", "p50_us", "p99_us"))
-        },
+        "runs": runs.listed("_rate", "p50_us", "p99_us"),
         "agent_sender_counters": facts["agent_sender"],
         "agent_protocol_errors": facts["agent_protocol_errors"],
         "drain_wait_s_max": facts["drain_wait_s_max"],
-        "versions": {"eventspool": metadata.version("eventspool")},
-        "filesystem": fs_type,
-        "load_average_1m": {
-            "start": facts["load_average_1m_start"],
-            "end": facts["load_average_1m_end"],
-        },
-        "repetitions": args.repeats,
-        "quick": args.quick,
-        "machine": machine(),
-        "elapsed_s": round(elapsed_s(), 1),
+        **session.provenance(broker=None, packages=()),
     }
-    return result
-
-
-def print_summary(result: dict[str, object]) -> None:
-    goals = result["goals"]
-    cpu = result["cpu_us_per_event"]
-    assert isinstance(goals, dict) and isinstance(cpu, dict)
-    print("", file=sys.stderr)
-    print_table(
-        ["figure", "value", "goal", "agent cpu us/event"],
-        [
-            [
-                f"one client, {CLIENT_THREADS} threads (events/s)",
-                result["ours"],
-                GOAL_RATE,
-                cpu["agent_one_client"],
-            ],
-            [
-                f"{PROCESSES} processes x {CLIENT_THREADS} threads (events/s)",
-                result["rate_8_processes"],
-                None,
-                cpu["agent_8_processes"],
-            ],
-            ["round trip p50 (us)", result["rtt_p50_us"], GOAL_RTT_P50_US, cpu["agent_round_trip"]],
-            ["round trip p99 (us)", result["rtt_p99_us"], None, None],
-            ["in-process Spool.send() (events/s)", result["anchor"], None, None],
-            [
-                "loopback TCP, plaintext (events/s)",
-                result["rate_tcp_plaintext"],
-                None,
-                cpu["agent_tcp_plaintext"],
-            ],
-            ["loopback TCP, TLS (events/s)", result["rate_tcp_tls"], None, cpu["agent_tcp_tls"]],
-            [
-                "loopback TCP send_async, plaintext (events/s)",
-                result["rate_tcp_async_plaintext"],
-                None,
-                None,
-            ],
-            ["loopback TCP send_async, TLS (events/s)", result["rate_tcp_async_tls"], None, None],
-        ],
-    )
-    print(
-        f"\nheadline: one batching client {result['ours']:,}/s vs Spool.send() "
-        f"{result['anchor']:,}/s, ratio {result['ratio']}",
-        file=sys.stderr,
-    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == [CHILD_FLAG]:
         return child_main(arguments[1:])
-    args = parse_args(
-        "Events/s and round trip through the agent's unix socket vs Spool.send()", arguments
+    return bench_main(
+        "Events/s and round trip through the agent's unix socket vs Spool.send()", run, arguments
     )
-    result = run(args)
-    print_summary(result)
-    emit_result(result)
-    return 0
 
 
 if __name__ == "__main__":

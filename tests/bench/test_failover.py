@@ -9,8 +9,6 @@ import time
 
 import pytest
 
-from _common import BenchArgs
-from _figures import figures_of
 from failover import (
     BROKERS,
     BURST_S,
@@ -28,7 +26,6 @@ from failover import (
     down_at,
     initial_leader,
     longest_wait_s,
-    lost_ratio,
     moved_leader,
     outage_leaders,
     paced,
@@ -36,6 +33,9 @@ from failover import (
     settle_s,
     value_of,
 )
+from harness.cli import BenchArgs
+from harness.figures import figures_of
+from harness.ledger import delivered_fraction, lost_ratio
 
 MS = 1_000_000
 
@@ -155,8 +155,7 @@ def test_the_result_is_ahead_above_one_and_reads_as_figures() -> None:
         kills=kills,
         phases=Phases(steady_s=1.0, outage_s=5.0, tail_s=2.0, kill_after_down_s=2.5),
         rate=20_000,
-        fs_type="ext4",
-        load=(None, None),
+        provenance={},
     )
     assert list(result)[:4] == ["figure", "ours", "anchor", "ratio"]
     assert (result["ours"], result["anchor"], result["ratio"]) == (0.012, 0.006, 0.5)
@@ -172,3 +171,8 @@ def test_the_result_is_ahead_above_one_and_reads_as_figures() -> None:
         "anchor_delivery_acknowledged": 0.0,
     }
     assert lost_ratio(0, 0) == 1.0
+
+
+def test_nothing_acknowledged_is_nothing_lost() -> None:
+    assert delivered_fraction(0, 0) == 1.0
+    assert delivered_fraction(2, 3) == pytest.approx(2 / 3)

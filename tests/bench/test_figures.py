@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from _figures import Comparison, Figure, compare, figures_of
+from harness.figures import Comparison, Figure, compare, figures_of
 
 
 def result(ratio: float | None = 2.0, **extra: object) -> dict[str, object]:

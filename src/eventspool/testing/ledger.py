@@ -1,9 +1,20 @@
-"""Ledgers of event ids: append-only files, one `EVENT_ID TARGET` line per event.
+"""Ledgers of event ids: what a process was told was acknowledged (or handled), in files
+a SIGKILL of that process cannot cut short. The one such record for tests and bench.
 
-A line is written with one `os.write` on a file opened with O_APPEND, after the event
-was acknowledged (or handled): lines of concurrent writers never interleave, and a
-SIGKILL leaves at most one line unwritten, never half of one that is counted. TARGET is
-a topic, or `@NAME` for an event published through exchange NAME.
+A ledger file (little-endian):
+
+    offset  size  field
+    0       24    commit slot 0: u64 length, u64 lines, u64 check of the two
+    24      24    commit slot 1: the same
+    48      ...   lines `EVENT_ID TARGET\\n` in the order they were appended; TARGET is a
+                  topic, or `@NAME` for an event published through exchange NAME
+
+The writer maps the file shared (sparse, `capacity` bytes of lines): every store is in
+the page cache the moment it is made and the kernel keeps it when the process dies, so
+an append costs no system call and a kill loses nothing committed. Commit-last: a line
+is stored before the length that covers it, and commits alternate between the two
+slots, so a kill in the middle of one slot's store leaves the other whole (one line
+fewer); a slot whose check does not match is torn and ignored.
 
 Producers write one file each, a consumer handler one per worker process (`HandlerLedger`);
 `LedgerReader` follows any number of them while they grow, so a long run is read once.
@@ -11,33 +22,92 @@ Producers write one file each, a consumer handler one per worker process (`Handl
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
+import threading
 from collections import Counter
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
-from eventspool.consumer.record import Record
+if TYPE_CHECKING:  # only the handler's signature: a writer needs none of the consumer
+    from eventspool.consumer.record import Record
 
-__all__ = ["HandlerLedger", "LedgerReader", "LedgerWriter"]
+__all__ = ["HandlerLedger", "LedgerFullError", "LedgerReader", "LedgerWriter", "committed_lines"]
 
-_READ_CHUNK = 1 << 20
+DEFAULT_CAPACITY = 1 << 30  # bytes of lines; the file is sparse, so only what is written
+_SLOT = struct.Struct("<QQQ")
+_HEADER_BYTES = 2 * _SLOT.size
+_MASK = (1 << 64) - 1
+_MIX = 0x9E3779B97F4A7C15
+
+
+def _check(length: int, lines: int) -> int:
+    return ((length * _MIX) ^ lines ^ _MASK) & _MASK
+
+
+def _committed(header: bytes) -> tuple[int, int, int]:
+    """(length, lines, slot) of the latest whole commit in a file's header."""
+    best = (0, 0, 1)
+    if len(header) < _HEADER_BYTES:
+        return best
+    for slot in (0, 1):
+        length, lines, check = _SLOT.unpack_from(header, slot * _SLOT.size)
+        if check == _check(length, lines) and length >= best[0]:
+            best = (length, lines, slot)
+    return best
+
+
+class LedgerFullError(RuntimeError):
+    """More lines were appended than the file was sized for."""
 
 
 class LedgerWriter:
-    """Appends `event_id target` lines to one ledger file."""
+    """Appends `event_id target` lines to one ledger file; threads may share it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, capacity: int = DEFAULT_CAPACITY) -> None:
+        """Map `path`, creating it for `capacity` bytes of lines; appends go after any
+        lines it holds already (a restarted writer continues its file)."""
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            size = _HEADER_BYTES + capacity
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)
+            self._map: mmap.mmap | None = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._length, self.lines, self._slot = _committed(self._map[:_HEADER_BYTES])
+        self._lock = threading.Lock()
 
     def append(self, event_id: str, target: str) -> None:
-        os.write(self._fd, f"{event_id} {target}\n".encode())
+        """Record one event: its line first, then the commit that covers it."""
+        line = f"{event_id} {target}\n".encode()
+        with self._lock:
+            if self._map is None:
+                raise ValueError(f"{self.path} is closed")
+            start = _HEADER_BYTES + self._length
+            end = start + len(line)
+            if end > len(self._map):
+                raise LedgerFullError(f"{self.path} is full; size it larger")
+            self._map[start:end] = line
+            self._length += len(line)
+            self.lines += 1
+            self._slot ^= 1
+            _SLOT.pack_into(
+                self._map,
+                self._slot * _SLOT.size,
+                self._length,
+                self.lines,
+                _check(self._length, self.lines),
+            )
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._lock:
+            if self._map is not None:
+                self._map.close()
+                self._map = None
 
     def __enter__(self) -> Self:
         return self
@@ -49,6 +119,16 @@ class LedgerWriter:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def committed_lines(path: Path) -> int:
+    """Lines committed to one ledger file so far (0 while it does not exist): a cheap
+    look at a writer's progress, without reading its lines."""
+    try:
+        with path.open("rb") as handle:
+            return _committed(handle.read(_HEADER_BYTES))[1]
+    except FileNotFoundError:
+        return 0
 
 
 _handler_files: dict[Path, LedgerWriter] = {}
@@ -77,8 +157,8 @@ class HandlerLedger:
 class LedgerReader:
     """Follows the ledger files `directory/PATTERN` as they grow and are created.
 
-    `counts[target][event_id]` is the number of lines that named the event; a line still
-    being written (no newline yet) is read on a later `poll()`.
+    `counts[target][event_id]` is the number of lines that named the event; a line is
+    read once its writer committed it.
     """
 
     def __init__(self, directory: Path, pattern: str) -> None:
@@ -89,7 +169,7 @@ class LedgerReader:
         self._offsets: dict[Path, int] = {}
 
     def poll(self) -> int:
-        """Read what was appended since the last call; returns how many lines that was."""
+        """Read what was committed since the last call; returns how many lines that was."""
         before = self.lines
         for path in sorted(self.directory.glob(self.pattern)):
             self._read(path)
@@ -98,21 +178,19 @@ class LedgerReader:
     def _read(self, path: Path) -> None:
         offset = self._offsets.get(path, 0)
         with path.open("rb") as handle:
-            handle.seek(offset)
-            while chunk := handle.read(_READ_CHUNK):
-                end = chunk.rfind(b"\n") + 1
-                if end == 0:
-                    break
-                for line in chunk[:end].decode().splitlines():
-                    event_id, _, target = line.partition(" ")
-                    counts = self.counts.get(target)
-                    if counts is None:
-                        counts = self.counts[target] = Counter()
-                    counts[event_id] += 1
-                    self.lines += 1
-                offset += end
-                handle.seek(offset)
-        self._offsets[path] = offset
+            length = _committed(handle.read(_HEADER_BYTES))[0]
+            if length <= offset:
+                return
+            handle.seek(_HEADER_BYTES + offset)
+            text = handle.read(length - offset).decode()
+        for line in text.splitlines():
+            event_id, _, target = line.partition(" ")
+            counts = self.counts.get(target)
+            if counts is None:
+                counts = self.counts[target] = Counter()
+            counts[event_id] += 1
+        self.lines += text.count("\n")
+        self._offsets[path] = length
 
     def ids(self, target: str) -> set[str]:
         """Every event id written for `target`."""

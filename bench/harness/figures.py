@@ -1,4 +1,4 @@
-"""The figures a bench result holds, read back from its JSON for the report and its check.
+"""The figure format of a bench result: declared once by the script, read back by the report.
 
 A bench script's result is one JSON object whose first keys are its headline figure
 ("figure", "ours", "anchor", "ratio"); it may list further figures under "figures", each
@@ -7,7 +7,10 @@ an object with the same four keys plus "unit", "higher_is_better" and optionally
 the default band) and "random_anchor" (true for a count the anchor reaches by chance,
 such as events lost where a random SIGKILL lands: a rerun must then give our own value
 again and keep the ratio on the same side of 1). The ratio is always oriented so that
-above 1 means eventspool is ahead.
+above 1 means eventspool is ahead. A script declares each figure with `figure` (the
+headline too: the result starts with its keys); the stderr table
+(`harness.output.print_figures`), docs/benchmarks.md and the check of a rerun are all
+drawn from those entries.
 """
 
 from __future__ import annotations
@@ -16,7 +19,34 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harness.runs import safe_ratio
+
 JsonObject = Mapping[str, Any]
+
+
+def figure(
+    name: str,
+    ours: float,
+    anchor: float,
+    *,
+    unit: str,
+    title: str,
+    anchor_is: str,
+    higher_is_better: bool = True,
+) -> dict[str, object]:
+    """One figure entry (the headline's keys, or one of "figures"); its ratio is above 1
+    when we are ahead: for a figure where lower is better (a latency, a cost) it is
+    anchor / ours."""
+    return {
+        "figure": name,
+        "ours": ours,
+        "anchor": anchor,
+        "ratio": safe_ratio(ours, anchor) if higher_is_better else safe_ratio(anchor, ours),
+        "unit": unit,
+        "higher_is_better": higher_is_better,
+        "title": title,
+        "anchor_is": anchor_is,
+    }
 
 
 @dataclass(frozen=True, slots=True)

