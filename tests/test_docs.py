@@ -110,3 +110,22 @@ def test_the_agent_reference_documents_every_agent_toml_key() -> None:
         if f"`{variable}`" not in body.get(f"[{section}]", "")
     ]
     assert not missing, f"docs/agent.md does not document: {missing}"
+
+
+def test_the_architecture_names_every_module() -> None:
+    """docs/architecture.md gives each module its one line, so a new module must get one."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    package = REPO / "src" / "eventspool"
+    modules = [
+        path
+        for pattern in ("*.py", "*.pyx", "*.pxi")
+        for path in package.rglob(pattern)
+        if path.name != "__init__.py"
+    ]
+    missing = [
+        str(path.relative_to(package))
+        for path in modules
+        if f"`{path.relative_to(package)}`" not in text
+        and not (path.suffix == ".pxi" and f"`{path.name}`" in text)
+    ]
+    assert not missing, f"docs/architecture.md has no line for: {sorted(missing)}"
