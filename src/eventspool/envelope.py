@@ -23,18 +23,16 @@ header and is what consumers deduplicate on.
 from __future__ import annotations
 
 import re
-import struct
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from eventspool._core import native
+from eventspool._core.native import ENVELOPE_FIXED_SIZE, ENVELOPE_MAX_HEADERS, EVENT_ID_HEADER
 from eventspool.errors import InvalidEventError
 
-ENVELOPE_VERSION = 1
-EVENT_ID_HEADER = "event_id"
-FIXED_SIZE = struct.calcsize("<BB36sqii")
-_MAX_HEADER_COUNT = 0xFFFF
+# Bytes of an envelope before its key: the compiled core, which builds envelopes, defines it.
+FIXED_SIZE = ENVELOPE_FIXED_SIZE
 _MAX_HEADER_NAME = 0xFFFF
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _NIL_UUID = "00000000-0000-0000-0000-000000000000"
@@ -67,8 +65,8 @@ def normalize_headers(headers: HeadersInput | None) -> HeaderList | None:
             f"headers must be a mapping or a list of (name, value) pairs, "
             f"got {type(headers).__name__}"
         )
-    if len(items) > _MAX_HEADER_COUNT:
-        raise InvalidEventError(f"{len(items)} headers; at most {_MAX_HEADER_COUNT} are allowed")
+    if len(items) > ENVELOPE_MAX_HEADERS:
+        raise InvalidEventError(f"{len(items)} headers; at most {ENVELOPE_MAX_HEADERS} are allowed")
     result: HeaderList = []
     for item in items:
         if not isinstance(item, tuple) or len(item) != 2:

@@ -13,6 +13,13 @@ cdef enum:
     FIXED = 54
     MAX_HEADERS = 0xFFFF
 
+# For envelope.py and the wire protocol, which check events before they get here.
+ENVELOPE_FIXED_SIZE = FIXED
+ENVELOPE_MAX_HEADERS = MAX_HEADERS
+EVENT_ID_SIZE = ID_LEN
+# The Kafka header that carries an event's id, the text of its envelope's event_id field.
+EVENT_ID_HEADER = "event_id"
+
 
 cdef inline Py_ssize_t _envelope_size(Py_ssize_t klen, Py_ssize_t vlen, Py_ssize_t hlen) noexcept nogil:
     return FIXED + (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0) + (hlen if hlen > 0 else 0)

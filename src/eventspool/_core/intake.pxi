@@ -2,17 +2,32 @@
 # Included by native.pyx. The frame format is written out in eventspool/wire/protocol.py.
 
 cdef enum:
-    SEND_MAX_EVENTS = 10000  # protocol.MAX_EVENTS_PER_SEND
+    # Each event costs the agent a few hundred bytes of bookkeeping, whatever its size:
+    # capping the count keeps a frame of tiny events (tombstones are one byte) from
+    # costing far more memory than the frame itself.
+    SEND_MAX_EVENTS = 10000
+    FRAME_HEADER_SIZE = 9  # length, type, request id
+    SEND_RESULT_TYPE = 0x81
+    STATUS_OK = 0
     WIRE_KEY = 1
     WIRE_VALUE = 2
     WIRE_HEADERS = 4
-    RESULT_FRAME_HEADER = 9
+    WIRE_EVENT_ID = 8
     OK_RESULT_SIZE = 3 + ID_LEN
     # A ring is held across at most this many events of one frame, so the sender,
     # which acknowledges under the same lock, never waits long behind a large frame.
     HELD_RUN_MAX = 256
 
-MAX_EVENTS_PER_SEND_COMPILED = SEND_MAX_EVENTS
+# For eventspool/wire/protocol.py, which encodes and decodes every frame in Python too:
+# the protocol's numbers that this compiled intake also reads and writes, defined here once.
+WIRE_MAX_EVENTS_PER_SEND = SEND_MAX_EVENTS
+WIRE_FRAME_HEADER_SIZE = FRAME_HEADER_SIZE
+WIRE_SEND_RESULT = SEND_RESULT_TYPE
+WIRE_STATUS_OK = STATUS_OK
+WIRE_FLAG_KEY = WIRE_KEY
+WIRE_FLAG_VALUE = WIRE_VALUE
+WIRE_FLAG_HEADERS = WIRE_HEADERS
+WIRE_FLAG_EVENT_ID = WIRE_EVENT_ID
 
 
 cdef Py_ssize_t _scan_send(const char *p, Py_ssize_t size, uint32_t *count) noexcept:
@@ -82,7 +97,7 @@ cdef class _ResultBuffer:
 
     cdef int put_ok(self, const char *event_id) except -1:
         cdef char *out = self.reserve(OK_RESULT_SIZE)
-        out[0] = 0
+        out[0] = STATUS_OK
         es_put_be16(out + 1, ID_LEN)
         memcpy(out + 3, event_id, ID_LEN)
         self.used += OK_RESULT_SIZE
@@ -100,9 +115,9 @@ cdef class _ResultBuffer:
     cdef bytes frame(self, uint32_t request_id, uint32_t count):
         cdef char *out = <char *>self.data
         es_put_be32(out, <uint32_t>(self.used - 4))
-        out[4] = <char>0x81
+        out[4] = <char>SEND_RESULT_TYPE
         es_put_be32(out + 5, request_id)
-        es_put_be32(out + RESULT_FRAME_HEADER, count)
+        es_put_be32(out + FRAME_HEADER_SIZE, count)
         return PyBytes_FromStringAndSize(out, self.used)
 
 
@@ -137,8 +152,8 @@ def intake_send(SpoolFront front not None, uint32_t request_id, bytes body not N
         topic = PyUnicode_DecodeUTF8(p + 2, es_get_be16(p), NULL)
     except UnicodeDecodeError:
         return None
-    out = _ResultBuffer(RESULT_FRAME_HEADER + 4 + <Py_ssize_t>count * OK_RESULT_SIZE)
-    out.used = RESULT_FRAME_HEADER + 4
+    out = _ResultBuffer(FRAME_HEADER_SIZE + 4 + <Py_ssize_t>count * OK_RESULT_SIZE)
+    out.used = FRAME_HEADER_SIZE + 4
     found = front._routes.get(topic)
     if found is not None:
         route = <TopicRoute>found
@@ -190,7 +205,7 @@ def intake_send(SpoolFront front not None, uint32_t request_id, bytes body not N
                 None if k == NULL else PyBytes_FromStringAndSize(k, klen),
             )
             out.put_text(status, text)
-            if status == 0:
+            if status == STATUS_OK:
                 accepted += (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0)
             found = front._routes.get(topic)
             route = None if found is None else <TopicRoute>found
@@ -224,7 +239,7 @@ def decode_results(bytes body not None) -> list:
             raise ValueError(f"SEND_RESULT: result {i}: {length} bytes at offset {pos} overrun the body of {size} bytes")
         text = PyUnicode_DecodeUTF8(p + pos, length, NULL)
         pos += length
-        outcomes[i] = text if status == 0 else (status, text)
+        outcomes[i] = text if status == STATUS_OK else (status, text)
     if pos != size:
         raise ValueError(f"SEND_RESULT: {size - pos} trailing bytes after {count} results")
     return outcomes

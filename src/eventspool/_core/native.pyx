@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-# cython: initializedcheck=False, freethreading_compatible=False
+# cython: initializedcheck=False, freethreading_compatible=False, autotestdict=False
 """The compiled core: the byte work of every hot path, one implementation.
 
 The Python modules above it keep policy: configuration, errors and their wording,

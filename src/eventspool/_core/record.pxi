@@ -100,7 +100,7 @@ cdef object _event_id(object headers):
     cdef object event_id = None
     if headers:
         for name, value in headers:
-            if name == "event_id" and value is not None:
+            if name == EVENT_ID_HEADER and value is not None:
                 event_id = (<bytes>value).decode("ascii", "replace")
     return event_id
 

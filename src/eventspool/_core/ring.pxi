@@ -12,6 +12,7 @@
 
 cdef enum:
     HEADER_SIZE = 4096
+    PAGE = 4096  # the record area's capacity is a whole number of pages
     FRAME_HEADER = 32
     HINT_OFFSET = 32
     SLOT_A = 64
@@ -20,6 +21,13 @@ cdef enum:
 cdef const uint32_t PADDING_FLAG = 0x80000000
 cdef const uint32_t LENGTH_MASK = 0x7FFFFFFF
 
+# The sizes and offsets above, for ring.py, which creates the file and reads its header:
+# defined here once.
+RING_HEADER_SIZE = HEADER_SIZE
+RING_PAGE = PAGE
+RING_FRAME_HEADER_SIZE = FRAME_HEADER
+RING_SLOT_OFFSETS = (SLOT_A, SLOT_B)
+
 # Outcomes of a write that Python turns into its own errors and policies.
 APPEND_FULL = -1
 APPEND_CLOSED = -2
@@ -27,8 +35,6 @@ APPEND_BAD_LENGTH = -3
 ACK_DONE = 0
 ACK_NOTHING = 1
 ACK_NOT_HANDED_OUT = -4
-
-_EVENT_ID = "event_id"
 
 
 cdef inline uint64_t _frame_size(uint64_t length) noexcept nogil:
@@ -67,7 +73,7 @@ cdef class RingCore:
         pthread_mutex_init(&self._lock, NULL)
         PyObject_GetBuffer(mm, &self._view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
         self._has_view = True
-        if <uint64_t>self._view.len < HEADER_SIZE + capacity or capacity < 4096:
+        if <uint64_t>self._view.len < HEADER_SIZE + capacity or capacity < PAGE:
             raise ValueError(f"a mapping of {self._view.len} bytes cannot hold capacity {capacity}")
         self._map = <char *>self._view.buf
         self._area = self._map + HEADER_SIZE
@@ -449,7 +455,7 @@ cdef class RingCore:
                     payload = PyBytes_FromStringAndSize(base + FRAME_HEADER, length)
                     out.append((seq, None, payload, <int64_t>es_get_u64(base + 16), None))
                 else:
-                    headers = [(_EVENT_ID, raw_id)]
+                    headers = [(EVENT_ID_HEADER, raw_id)]
                     if extra:
                         headers.extend(extra)
                     out.append((seq, key, value, create_ms, headers))

@@ -3,7 +3,6 @@
 # Included by native.pyx. The format is written out in eventspool/wire/protocol.py.
 
 cdef enum:
-    WIRE_EVENT_ID = 8
     MAX_WIRE_U16 = 0xFFFF
     MAX_WIRE_I32 = 0x7FFFFFFF
 

@@ -63,6 +63,10 @@ from eventspool._core.native import (
     ACK_NOT_HANDED_OUT,
     APPEND_BAD_LENGTH,
     APPEND_CLOSED,
+    RING_FRAME_HEADER_SIZE,
+    RING_HEADER_SIZE,
+    RING_PAGE,
+    RING_SLOT_OFFSETS,
     RingCore,
     crc32c,
 )
@@ -83,16 +87,17 @@ SyncObserver = Callable[[float], None]
 
 MAGIC = b"EVSPRING"
 FORMAT_VERSION = 1
-HEADER_SIZE = 4096
-PAGE = 4096
+# The sizes and offsets that the compiled core frames records by are defined there.
+HEADER_SIZE = RING_HEADER_SIZE
+PAGE = RING_PAGE
+FRAME_HEADER_SIZE = RING_FRAME_HEADER_SIZE
 
 _STATIC = struct.Struct("<8sIIQ")
 _STATIC_CRC_OFFSET = _STATIC.size
 _U32 = struct.Struct("<I")
 _SLOT = struct.Struct("<QQQQQQ")
-_SLOT_OFFSETS = (64, 128)
+_SLOT_OFFSETS = RING_SLOT_OFFSETS
 _SLOT_CRC_OFFSET = _SLOT.size
-FRAME_HEADER_SIZE = 32
 
 
 def frame_size(payload_length: int) -> int:

@@ -66,17 +66,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
-from eventspool._core.native import encode_wire_event
+from eventspool._core.native import (
+    EVENT_ID_SIZE,
+    WIRE_FLAG_EVENT_ID,
+    WIRE_FLAG_HEADERS,
+    WIRE_FLAG_KEY,
+    WIRE_FLAG_VALUE,
+    WIRE_FRAME_HEADER_SIZE,
+    WIRE_MAX_EVENTS_PER_SEND,
+    WIRE_SEND_RESULT,
+    WIRE_STATUS_OK,
+    encode_wire_event,
+)
 from eventspool.envelope import HeaderList
 from eventspool.errors import EventspoolError
 
+# The numbers that the agent's compiled intake also reads and writes (the event count
+# cap of a SEND, the frame header's size, the event flags, the SEND_RESULT type and the
+# OK status) are defined by the compiled core, eventspool/_core/intake.pxi.
 DEFAULT_MAX_FRAME = 16 * 1024 * 1024
-# Each event costs the agent a few hundred bytes of bookkeeping, whatever its size: capping
-# the count keeps a frame of tiny events (tombstones are one byte) from costing far more
-# memory than the frame itself.
-MAX_EVENTS_PER_SEND = 10_000
+MAX_EVENTS_PER_SEND = WIRE_MAX_EVENTS_PER_SEND
 FRAME_HEADER = struct.Struct(">IBI")
-HEADER_SIZE = FRAME_HEADER.size
+HEADER_SIZE = WIRE_FRAME_HEADER_SIZE
 _LENGTH = struct.Struct(">I")
 _MIN_LENGTH = HEADER_SIZE - _LENGTH.size
 _MAX_LENGTH = 0xFFFF_FFFF
@@ -90,12 +101,7 @@ _MAX_U16 = 0xFFFF
 _MAX_U32 = 0xFFFF_FFFF
 _MAX_TEXT = _MAX_U16
 
-_FLAG_KEY = 0x01
-_FLAG_VALUE = 0x02
-_FLAG_HEADERS = 0x04
-_FLAG_EVENT_ID = 0x08
-_KNOWN_FLAGS = _FLAG_KEY | _FLAG_VALUE | _FLAG_HEADERS | _FLAG_EVENT_ID
-EVENT_ID_SIZE = 36
+_KNOWN_FLAGS = WIRE_FLAG_KEY | WIRE_FLAG_VALUE | WIRE_FLAG_HEADERS | WIRE_FLAG_EVENT_ID
 _MIN_EVENT = 1
 _MIN_ROUTED_EVENT = _U16.size + _MIN_EVENT
 _MIN_HEADER = _U16.size + _I32.size
@@ -113,7 +119,7 @@ class FrameType(IntEnum):
     STATS = 3
     PUBLISH = 4
     AUTH = 5
-    SEND_RESULT = 0x81
+    SEND_RESULT = WIRE_SEND_RESULT
     PONG = 0x82
     STATS_RESULT = 0x83
     AUTH_RESULT = 0x85
@@ -123,7 +129,7 @@ class FrameType(IntEnum):
 class Status(IntEnum):
     """Outcome of one event in a SEND_RESULT, or the cause in an ERROR frame."""
 
-    OK = 0
+    OK = WIRE_STATUS_OK
     SPOOL_FULL = 1
     INVALID_TOPIC = 2
     TOO_LARGE = 3
@@ -420,14 +426,14 @@ def _decode_batch(
         key: bytes | None = None
         value: bytes | None = None
         headers: HeaderList | None = None
-        if flags & _FLAG_KEY:
+        if flags & WIRE_FLAG_KEY:
             key, pos = _read_u32_bytes(body, pos, index, "key", request)
-        if flags & _FLAG_VALUE:
+        if flags & WIRE_FLAG_VALUE:
             value, pos = _read_u32_bytes(body, pos, index, "value", request)
-        if flags & _FLAG_HEADERS:
+        if flags & WIRE_FLAG_HEADERS:
             headers, pos = _read_headers(body, pos, index, request)
         event_id: str | None = None
-        if flags & _FLAG_EVENT_ID:
+        if flags & WIRE_FLAG_EVENT_ID:
             if size - pos < EVENT_ID_SIZE:
                 raise ProtocolError(f"{request}: body ends inside event {index}'s event_id")
             event_id = body[pos : pos + EVENT_ID_SIZE].decode("latin-1")
