@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint unit slow bench report report-check clean java rsyslog
+.PHONY: run test lint unit slow bench report report-check clean java rsyslog postgres
 
 # The compiled core (src/eventspool/_core) is built by the package's own install.
 CORE_SOURCES := setup.py $(wildcard src/eventspool/_core/*.pyx src/eventspool/_core/*.pxi src/eventspool/_core/*.h)
@@ -26,6 +26,13 @@ java:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 		openjdk-17-jre-headless; }
 
+# The Spark pipeline's tables (the main job, the Spark tests): a throwaway PostgreSQL server
+# needs the server's binaries, initdb and postgres.
+postgres:
+	@{ command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } || \
+	{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+		--no-install-recommends postgresql; }
+
 # The log-shipper anchor of the benchmarks (and its tests): rsyslog with omkafka.
 rsyslog:
 	@{ command -v rsyslogd >/dev/null 2>&1 && \
@@ -33,22 +40,24 @@ rsyslog:
 	{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
 		--no-install-recommends rsyslog rsyslog-kafka; }
 
-run: $(STAMP) java
+run: $(STAMP) java postgres
 	$(BIN)/python -m eventspool.demo
 
-test: $(STAMP) java rsyslog lint
+test: $(STAMP) java rsyslog postgres lint
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
+	$(BIN)/python -m mypy.stubtest --allowlist src/eventspool/_core/stubtest_allowlist.txt \
+		eventspool._core.native
 	$(BIN)/lint-imports
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 
-slow: $(STAMP) java rsyslog
+slow: $(STAMP) java rsyslog postgres
 	$(BIN)/python -m pytest -n 2 -m slow $(PYTEST_ARGS)
 
 # bench/report.py runs the benches itself, so it is not one of them.

@@ -1,8 +1,9 @@
 """The sdist and wheel that `python -m build` makes, installed and run away from this checkout.
 
 `python -m build` makes the sdist, then the wheel from the sdist, so a wheel at all proves
-the sdist holds what a build needs. The wheel goes into a fresh virtual environment, its
-dependencies come from pip's own configuration, and every command runs from a directory
+the sdist holds what a build needs. The wheel goes into a fresh virtual environment
+without extras, as `pip install eventspool` would put it, its dependencies come from
+pip's own configuration, and every command runs from a directory
 outside the checkout with PYTHONPATH cleared: nothing of the checkout can stand in for a
 file the wheel forgot. The build runs on a copy of the sources, so the checkout gets no
 build output (egg-info, generated C).
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from eventspool.broker import LocalBroker
+from eventspool.spark.extra import INSTALL_COMMAND, MODULES
 from eventspool.verify import consume_event_ids, ledger
 
 # One worker builds and installs once for every test here.
@@ -32,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORE_SOURCES = ("*.pyx", "*.pxi", "*.h")
 # Here about 35 s to build (the core compiles once, from the sdist) and 20 s to create the
-# environment and install the wheel with its dependencies (pyspark and pyarrow included).
+# environment and install the wheel with its dependencies (the `spark` extra left out).
 # Each fixture's steps stay under pytest's 600 s, so a stuck step fails with its output.
 BUILD_TIMEOUT_S = 420
 INSTALL_TIMEOUT_S = 420
@@ -157,6 +159,48 @@ def test_the_wheel_holds_the_compiled_core_and_its_types(built: Built) -> None:
     assert {"eventspool/py.typed", "eventspool/_core/native.pyi"} <= names
     assert "eventspool/_core/native.c" not in names  # generated, compiled, not shipped
     assert "License-Expression: Apache-2.0" in fields
+
+
+def test_the_spark_stack_is_an_extra(built: Built) -> None:
+    """PySpark, PyArrow and psycopg (hundreds of MB) come only with `eventspool[spark]`."""
+    with zipfile.ZipFile(built.wheel) as wheel:
+        metadata = next(name for name in wheel.namelist() if name.endswith(".dist-info/METADATA"))
+        fields = wheel.read(metadata).decode()
+    requires = [
+        line.removeprefix("Requires-Dist:").strip()
+        for line in fields.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    assert "Provides-Extra: spark" in fields
+    for package in MODULES:
+        found = [line for line in requires if line.startswith(package)]
+        assert found, f"{package} is not a dependency at all: {requires}"
+        unconditional = [line for line in found if 'extra == "spark"' not in line]
+        assert not unconditional, f"{package} is not left to the spark extra: {unconditional}"
+
+
+def test_the_installed_package_runs_without_spark(installed: Installed) -> None:
+    """Without the extra, the pipeline command says how to install it, and nothing else
+    of the package needs it (the other tests here send and run commands without it)."""
+    present = installed.run(
+        installed.venv / "bin" / "python",
+        "-c",
+        f"import importlib.util as u; print([m for m in {MODULES!r} if u.find_spec(m)])",
+    )
+    assert present.stdout.strip() == "[]"
+    command = [str(installed.venv / "bin" / "eventspool"), "pipeline", "run", "--local-db"]
+    command += ["--bootstrap-servers", "127.0.0.1:9", "--topic", "t", "--output", "out"]
+    done = subprocess.run(
+        command,
+        cwd=installed.cwd,
+        env=installed.env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert INSTALL_COMMAND in done.stderr
 
 
 def test_the_installed_command_answers(installed: Installed) -> None:

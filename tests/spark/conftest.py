@@ -34,7 +34,7 @@ def spark() -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[LocalPostgres]:
-    """A real server in a temporary directory; installs the package if it is missing."""
+    """A real server in a temporary directory (its binaries: `make postgres`)."""
     with LocalPostgres() as server:
         yield server
 

@@ -1,7 +1,7 @@
 """``eventspool pipeline run|backfill``: the Spark jobs from the command line.
 
 Spark and the jobs are imported when a command runs, so the rest of the command line
-starts without loading them.
+starts without loading them, and works without the `spark` extra installed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from eventspool.broker.address import bootstrap_servers_option
+from eventspool.spark.extra import SparkExtraMissingError, require_spark_extra
 
 _COMMON: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     bootstrap_servers_option,
@@ -93,6 +94,14 @@ def _echo(line: str) -> None:
     click.echo(line, err=True)
 
 
+def _require_spark() -> None:
+    """Stop a command of the pipeline before it starts anything, when Spark is missing."""
+    try:
+        require_spark_extra()
+    except SparkExtraMissingError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @contextlib.contextmanager
 def _database(params: dict[str, Any]) -> Iterator[None]:
     """Set params["dsn"]: the one given, or a throwaway server's for the command's life."""
@@ -164,6 +173,7 @@ def pipeline() -> None:
 @click.option("--trigger-seconds", default=5.0, show_default=True, help="Seconds between batches.")
 def run(**params: Any) -> None:
     """Stream from Kafka into the outputs, exactly once (stop with Ctrl-C or SIGTERM)."""
+    _require_spark()
     with _database(params):
         _run(params)
 
@@ -218,6 +228,7 @@ def _date(_ctx: click.Context, _param: click.Parameter, value: str) -> date:
 @click.option("--to", "last", required=True, callback=_date, help="Last UTC day (inclusive).")
 def backfill(**params: Any) -> None:
     """Recompute whole UTC days from Kafka and replace them in every output."""
+    _require_spark()
     with _database(params):
         _backfill(params)
 

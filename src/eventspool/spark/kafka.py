@@ -20,11 +20,17 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from eventspool.endoffsets import EndOffsetsError, scan, true_end_offsets
+from eventspool.spark.extra import SparkExtraMissingError
+
+try:
+    import pyarrow as pa
+except ModuleNotFoundError as missing:
+    raise SparkExtraMissingError(missing.name) from missing
+
 from eventspool.spark.offsets import OffsetRange, TopicPartition
 from eventspool.spark.options import SourceOptions
 

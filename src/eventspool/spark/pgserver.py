@@ -1,10 +1,10 @@
 """A throwaway PostgreSQL server in a temporary directory, for the main job and the tests.
 
 Users point the pipeline at their own database with a DSN; this exists so a fresh machine
-can run everything without one. The server package is installed with apt-get when no
-``initdb`` is found (as root, on Debian-like systems). PostgreSQL refuses to run as root,
-so as root the data directory belongs to, and the server runs as, the ``postgres`` user
-(created by the package) or ``nobody``.
+can run everything without one. It needs PostgreSQL's server binaries, which it finds
+and never installs: installing a system package is the set-up's job (`make postgres`).
+PostgreSQL refuses to run as root, so as root the data directory belongs to, and the
+server runs as, the ``postgres`` user (created by the package) or ``nobody``.
 """
 
 from __future__ import annotations
@@ -21,14 +21,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-import psycopg
+from eventspool.spark.extra import SparkExtraMissingError
+
+try:
+    import psycopg
+except ModuleNotFoundError as missing:
+    raise SparkExtraMissingError(missing.name) from missing
 
 _READY_TIMEOUT_S = 30.0
 _USER = "eventspool"
 
 
 class PostgresUnavailableError(RuntimeError):
-    """No PostgreSQL server binaries, and they could not be installed."""
+    """No PostgreSQL server binaries, or the server would not start."""
 
 
 def find_bin_dir() -> Path | None:
@@ -43,29 +48,15 @@ def find_bin_dir() -> Path | None:
     return versions[-1].parent if versions else None
 
 
-def ensure_installed() -> Path:
-    """Find the server binaries, installing Debian's ``postgresql`` package if needed."""
-    found = find_bin_dir()
-    if found is not None:
-        return found
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise PostgresUnavailableError(
-            "PostgreSQL server binaries (initdb) not found; install the 'postgresql' "
-            "package or pass the DSN of an existing server"
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (
-        ["apt-get", "update", "-q"],
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "postgresql"],
-    ):
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise PostgresUnavailableError(
-                f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
-            )
+def require_bin_dir() -> Path:
+    """The server binaries' directory, or an error that says how to install them."""
     found = find_bin_dir()
     if found is None:
-        raise PostgresUnavailableError("the postgresql package installed no initdb")
+        raise PostgresUnavailableError(
+            "PostgreSQL's server binaries (initdb, postgres) were not found: install "
+            "PostgreSQL's server (apt-get install postgresql, or make postgres in a checkout "
+            "of eventspool), or pass the DSN of an existing server"
+        )
     return found
 
 
@@ -101,7 +92,7 @@ class LocalPostgres:
         return f"host=127.0.0.1 port={self.port} user={_USER} dbname=postgres"
 
     def start(self) -> None:
-        bin_dir = ensure_installed()
+        bin_dir = require_bin_dir()
         user = _server_user()
         # Not under a 0700 directory of root's: the server's user must reach its files.
         self._root = Path(tempfile.mkdtemp(prefix="eventspool-pg-", dir=self._parent))

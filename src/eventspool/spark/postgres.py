@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-import psycopg
+from eventspool.spark.extra import SparkExtraMissingError
+
+try:
+    import psycopg
+except ModuleNotFoundError as missing:
+    raise SparkExtraMissingError(missing.name) from missing
 
 from eventspool.spark.jobs.rules import RuleSet
 

@@ -11,7 +11,12 @@ import shutil
 import sys
 from collections.abc import Mapping
 
-from pyspark.sql import SparkSession
+from eventspool.spark.extra import SparkExtraMissingError
+
+try:
+    from pyspark.sql import SparkSession
+except ModuleNotFoundError as missing:
+    raise SparkExtraMissingError(missing.name) from missing
 
 from eventspool.spark.source import register
 
