@@ -15,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from eventspool._core.native import EVENT_ID_HEADER
 from eventspool.endoffsets import true_end_offsets
 
 # librdkafka's own default: a longer poll needs no longer fetch.
@@ -35,7 +36,7 @@ class Ledger:
 
 def header_event_id(message: Any) -> str | None:
     """The `event_id` header of a consumed record, which every eventspool record carries."""
-    raw = dict(message.headers() or []).get("event_id")
+    raw = dict(message.headers() or []).get(EVENT_ID_HEADER)
     return raw.decode() if isinstance(raw, bytes) else None
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME
 
-from eventspool._core.native import Record
+from eventspool._core.native import EVENT_ID_HEADER, Record
 
 __all__ = [
     "HeaderPairs",
@@ -67,7 +67,7 @@ def _identity(
     create_time_ms = None
     if headers:
         for name, value in headers:
-            if name == "event_id" and value is not None:
+            if name == EVENT_ID_HEADER and value is not None:
                 event_id = value.decode("ascii", "replace")
             elif name == "create_time" and value is not None:
                 create_time_ms = _int_or_none(value)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from eventspool._core.native import EVENT_ID_HEADER
 from eventspool.clock import Clock
 from eventspool.config import SenderSettings
 from eventspool.sender.deadletter import DeadLetter, DeadLetterFile
@@ -442,7 +443,7 @@ class Sender:
     def _on_failure(self, state: QueueState, seq: int, error: KafkaError, message: Message) -> None:
         """A failed delivery report: dead-letter a permanent failure, rewind otherwise."""
         if is_permanent(error):
-            event_id = _as_text(dict(message.headers() or []).get("event_id"))
+            event_id = _as_text(dict(message.headers() or []).get(EVENT_ID_HEADER))
             key, value = message.key(), message.value()
             self._dead_letter(
                 state,
