@@ -1,4 +1,4 @@
-"""The soak (bench/soak.py) for two minutes: every fault kind, and not one acknowledged event lost.
+"""The soak (bench/soak.py) for one minute (two cycles of its short fault timing): every fault kind, and not one acknowledged event lost.
 
 It runs as a subprocess, exactly as the 30-minute report does, and only its final JSON
 is judged: acknowledged events lost on the way to Kafka and on the way to the
@@ -22,13 +22,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOAK = REPO_ROOT / "bench" / "soak.py"
-DURATION_S = 120
+DURATION_S = 60
 TIMEOUT_S = 480  # the workload, then the drain, the read-back and the consumer's catch-up
-MIN_ACKNOWLEDGED = 20_000  # well under the paced rate: the workload really ran
+MIN_ACKNOWLEDGED = 10_000  # well under the paced rate: the workload really ran
 RecordProperty = Callable[[str, object], None]
 
 
-def test_two_minute_soak_loses_no_acknowledged_event(
+def test_one_minute_soak_loses_no_acknowledged_event(
     tmp_path: Path, record_property: RecordProperty
 ) -> None:
     seed = int.from_bytes(os.urandom(4), "little")
