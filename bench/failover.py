@@ -107,7 +107,7 @@ from eventspool.envelope import EventIdGenerator
 from eventspool.errors import SpoolFullError
 from eventspool.pipeline import Spool
 from eventspool.spool.partitioner import partition_for_key
-from eventspool.spool.ring import RingQueue
+from eventspool.spool.segments import SegmentedQueue
 from eventspool.testing.ledger import LedgerReader, LedgerWriter
 from eventspool.verify import ledger
 from harness.cli import BenchArgs, parse_args
@@ -246,7 +246,7 @@ def paced(
 class HeadPoller:
     """Reads the head_seq of each ring every HEAD_POLL_S and logs (time read, head) changes."""
 
-    def __init__(self, rings: Mapping[int, RingQueue]) -> None:
+    def __init__(self, rings: Mapping[int, SegmentedQueue]) -> None:
         self._rings = dict(rings)
         self.logs: dict[int, tuple[array[int], array[int]]] = {}
         for partition, ring in self._rings.items():

@@ -28,6 +28,7 @@ from eventspool.envelope import decode
 from eventspool.errors import CorruptQueueError, QueueFileError
 from eventspool.pipeline import Spool
 from eventspool.spool.ring import HEADER_SIZE, RingQueue, frame_size
+from eventspool.spool.segments import SegmentedQueue
 from tests.conftest import SmallDiskFactory
 
 pytestmark = pytest.mark.fault
@@ -90,7 +91,7 @@ def write_ring(path: Path, records: list[bytes]) -> None:
             ring.append(record)
 
 
-def read_all(ring: RingQueue) -> list[bytes]:
+def read_all(ring: RingQueue | SegmentedQueue) -> list[bytes]:
     ring.rewind()
     out: list[bytes] = []
     while batch := ring.read_batch(max_records=10_000, max_bytes=1 << 30):
