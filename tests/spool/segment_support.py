@@ -8,7 +8,7 @@ from pathlib import Path
 from eventspool.clock import SYSTEM_CLOCK
 from eventspool.config import FullPolicy, QueueSettings
 from eventspool.spool.ring import allocated_bytes
-from eventspool.spool.segments import SegmentedQueue
+from eventspool.spool.segments import Background, SegmentedQueue
 
 SEGMENT = 64 * 1024
 
@@ -43,6 +43,7 @@ def open_queue(
     max_payload: int = 3000,
     block_timeout_s: float = 5.0,
     name: str = "0",
+    background: Background | None = None,
 ) -> SegmentedQueue:
     settings = QueueSettings(
         capacity_bytes=segments * SEGMENT,
@@ -51,7 +52,13 @@ def open_queue(
         block_timeout_s=block_timeout_s,
     )
     return SegmentedQueue(
-        directory, name, settings, space or Space(), SYSTEM_CLOCK, max_payload=max_payload
+        directory,
+        name,
+        settings,
+        space or Space(),
+        SYSTEM_CLOCK,
+        max_payload=max_payload,
+        background=background,
     )
 
 

@@ -193,6 +193,8 @@ def test_overlapping_segments_are_damage(tmp_path: Path) -> None:
     with open_queue(tmp_path) as queue:
         fill(queue.append, 70)
     create_file(tmp_path / "0.2.queue", SEGMENT, head_seq=5)
+    with RingQueue.open(tmp_path / "0.2.queue", QueueSettings(capacity_bytes=SEGMENT)) as ring:
+        ring.append(PAYLOAD)
     with pytest.raises(CorruptQueueError, match="starts at sequence 5"):
         open_queue(tmp_path)
 
@@ -206,3 +208,81 @@ def test_a_version_1_ring_is_the_first_segment(tmp_path: Path) -> None:
     with open_queue(tmp_path) as queue:
         assert queue.capacity == 32 * 1024 * 1024
         assert drain(queue) == list(range(5))
+
+
+def test_a_growing_queue_makes_its_next_segments_ahead_of_need(tmp_path: Path) -> None:
+    """After the first chain, spares are made in the background; the next chains take
+    them (no file work on the writer's path); emptied segments are recycled as spares
+    while the backlog lasts; once it is gone the spares are deleted, so a queue at rest
+    is one file again."""
+    jobs: list[Callable[[], None]] = []
+    space = Space()
+    with open_queue(tmp_path, segments=8, space=space, background=jobs.append) as queue:
+        fill(queue.append, 64)
+        assert len(jobs) == 2
+        while jobs:
+            jobs.pop()()
+        assert spare_files(tmp_path) == ["0.spare.1", "0.spare.2"]
+        assert queue.stats().allocated_bytes == space.used
+        spare_cores = [spare.ring.core for spare in queue._spares]
+        fill(queue.append, 63)
+        assert queue.write_core in spare_cores
+        assert segment_files(tmp_path) == ["0.1.queue", "0.2.queue", "0.queue"]
+        assert len(spare_files(tmp_path)) == 1 and len(jobs) == 1
+        jobs.pop()()
+        queue.ack(queue.read_batch(63, 1 << 30)[-1].seq)  # segment 0 emptied: two spares
+        assert len(spare_files(tmp_path)) == 2  # already, so it is deleted
+        assert drain(queue) == list(range(63, 127))
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["0.2.queue"]
+        assert space.used == queue.stats().allocated_bytes
+    with open_queue(tmp_path, segments=8) as queue:
+        assert queue.head_seq == queue.next_seq == 127
+
+
+def test_an_emptied_segment_is_recycled_while_the_backlog_lasts(tmp_path: Path) -> None:
+    jobs: list[Callable[[], None]] = []
+    with open_queue(tmp_path, segments=8, background=jobs.append) as queue:
+        fill(queue.append, 64 + 63 + 63)  # segments 0..3, no spare made yet
+        assert queue.segments == 4 and spare_files(tmp_path) == []
+        jobs.clear()
+        first = queue._segments[0].ring.core
+        queue.ack(queue.read_batch(63, 1 << 30)[-1].seq)
+        assert spare_files(tmp_path) == ["0.spare.3"]
+        fill(queue.append, 63)
+        assert queue.write_core is first and not first.sealed
+        assert drain(queue) == list(range(63, 253))
+
+
+def spare_files(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.glob("*.spare.*"))
+
+
+def test_a_spare_left_by_a_crash_is_removed(tmp_path: Path) -> None:
+    create_file(tmp_path / "0.spare.4", SEGMENT)
+    with open_queue(tmp_path) as queue:
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["0.queue"]
+        assert queue.segments == 1
+
+
+def test_a_renamed_spare_whose_new_header_was_lost_starts_after_the_one_before(
+    tmp_path: Path,
+) -> None:
+    """A power cut after the rename but before its rewritten header reached the disk."""
+    with open_queue(tmp_path) as queue:
+        fill(queue.append, 10)
+    create_file(tmp_path / "0.1.queue", SEGMENT)  # a spare's header: sequence 0
+    with open_queue(tmp_path) as queue:
+        assert queue.segments == 2 and queue.next_seq == 10
+        assert queue.append(PAYLOAD) == 10
+        assert drain(queue) == list(range(11))
+
+
+def test_a_renamed_spare_that_lost_its_whole_header_is_deleted(tmp_path: Path) -> None:
+    """A power cut before anything of a spare reached the disk: no header at all."""
+    with open_queue(tmp_path) as queue:
+        fill(queue.append, 10)
+    with (tmp_path / "0.1.queue").open("wb") as handle:
+        handle.truncate(4096 + SEGMENT)
+    with open_queue(tmp_path) as queue:
+        assert segment_files(tmp_path) == ["0.queue"]
+        assert queue.append(PAYLOAD) == 10

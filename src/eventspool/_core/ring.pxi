@@ -411,6 +411,40 @@ cdef class RingCore:
         self._release()
         return seq
 
+    def restart(self, uint64_t head_seq, uint64_t dropped, uint64_t skipped) -> None:
+        """Make an empty ring start at `head_seq` with these totals: a spare segment
+        prepared ahead of need becomes the queue's next one without a syscall."""
+        self._check_writable()
+        self._acquire()
+        self._check_open_locked()
+        if self.next_seq != self.head_seq:
+            self._release()
+            raise ValueError("only an empty ring can be restarted")
+        self.head = self.tail = self.read = 0
+        self.head_seq = self.next_seq = self.read_seq = head_seq
+        self.dropped = dropped
+        self.skipped = skipped
+        self._persist_head()
+        es_put_u64(self._map + HINT_OFFSET, head_seq)
+        self._release()
+
+    def prefault(self) -> None:
+        """Touch every page of a fresh, empty ring without the interpreter lock, so the
+        writer that takes it as its next segment does not fault on each page."""
+        cdef uint64_t offset
+        self._check_writable()
+        self._acquire()
+        self._check_open_locked()
+        if self.tail != 0 or self.next_seq != self.head_seq:
+            self._release()
+            raise ValueError("only a fresh, empty ring can be prefaulted")
+        with nogil:
+            offset = 0
+            while offset < self.capacity:
+                (<volatile char *>(self._area + offset))[0] = 0
+                offset += PAGE
+        self._release()
+
     def add_counts(self, uint64_t dropped, uint64_t skipped) -> None:
         """Add to the persisted totals: records of deleted segments, skips found elsewhere."""
         self._check_writable()

@@ -24,6 +24,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +189,8 @@ class QueueRegistry:
         self._lock = threading.Lock()
         self._topics: dict[str, TopicQueues] = {}
         self._counts: dict[str, int] = load_partition_counts(directory)
+        # One thread makes the spare segments of queues with a backlog (segments.py).
+        self._spares = ThreadPoolExecutor(1, thread_name_prefix="eventspool-segments")
         self.budget = DiskBudget(
             directory / TOPICS_DIR, settings.max_spool_bytes, settings.max_topics, clock
         )
@@ -234,6 +237,7 @@ class QueueRegistry:
                 max_payload=self.settings.max_event_bytes,
                 on_fsync=self._on_fsync,
                 on_write_core=on_write_core,
+                background=self._spares.submit,
             )
         except SpoolBudgetError:
             self._forget_if_empty(topic)
@@ -367,8 +371,10 @@ class QueueRegistry:
         pending.delete()
 
     def close(self) -> None:
+        """Close every queue; a spare still being made is deleted once it is done."""
         for topic in self.topics():
             topic.close()
+        self._spares.shutdown()
 
 
 @dataclass(frozen=True, slots=True)

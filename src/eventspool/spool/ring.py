@@ -499,14 +499,22 @@ class RingQueue:
 
 
 def create_file(
-    path: Path, capacity: int, head_seq: int = 0, dropped: int = 0, skipped: int = 0
+    path: Path,
+    capacity: int,
+    head_seq: int = 0,
+    dropped: int = 0,
+    skipped: int = 0,
+    *,
+    sync: bool = True,
 ) -> None:
     """Create a queue file completely or not at all, its first record to be `head_seq`.
 
     The space is reserved with posix_fallocate, never left sparse: a write into a hole
     of a full disk through mmap is a SIGBUS, while fallocate fails cleanly with ENOSPC.
     A segment that continues a queue (segments.py) starts at the sequence where the one
-    before it stopped and carries the queue's `dropped` and `skipped` totals.
+    before it stopped and carries the queue's `dropped` and `skipped` totals. Without
+    `sync` nothing is synced: a killed process still leaves the whole file or none, but
+    a power cut may lose its header (segments.py says when that is safe).
     """
     capacity = (capacity + PAGE - 1) // PAGE * PAGE
     tmp = path.with_name(path.name + ".tmp")
@@ -535,14 +543,16 @@ def create_file(
         header[_SLOT_OFFSETS[1] : _SLOT_OFFSETS[1] + len(slot)] = slot
         _U32.pack_into(header, _SLOT_OFFSETS[1] + _SLOT_CRC_OFFSET, crc32c(slot))
         os.pwrite(fd, bytes(header), 0)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
     os.close(fd)
     os.replace(tmp, path)
-    _fsync_directory(path.parent)
+    if sync:
+        fsync_directory(path.parent)
 
 
 def allocated_bytes(path: Path) -> int:
@@ -550,7 +560,7 @@ def allocated_bytes(path: Path) -> int:
     return os.stat(path).st_blocks * 512
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -5,6 +5,9 @@ directory::
 
     <q>.queue        segment 0: a version-1 queue is this one file
     <q>.<n>.queue    segment n > 0; numbers only grow, the oldest segment is the lowest
+    <q>.spare.<k>    segments kept ahead of need while the queue has a backlog: made in
+                     the background, or acknowledged segments recycled; not part of the
+                     chain (deleted when found at open)
 
 Every segment is a ring file (ring.py: same header, framing and recovery), preallocated
 at `segment_bytes`. At rest a queue is one segment that wraps. Only when its write
@@ -16,10 +19,22 @@ segment is acknowledged, it is deleted.
 
 Crash safety, step by step:
 
-- chaining: seal (memory only), create `<q>.<n>.queue.tmp`, fallocate, write its header,
-  fsync, rename, fsync the directory. Before the rename nothing changed (the `.tmp` is
-  removed at the next open); after it, the new segment is simply the newest and the one
-  before it can receive nothing more, since only the newest segment is ever written.
+- chaining: seal (memory only), then either create `<q>.<n>.queue.tmp`, fallocate, write
+  its header, rename (with an fsync of each for `fsync` queues); or, while a backlog
+  lasts, take a spare: a segment a background thread created the same way (every page
+  touched, nothing synced) or one the sender emptied and that was recycled instead of
+  deleted. Its header is rewritten through its mapping to start at the sealed
+  segment's end, and it is renamed (the directory fsynced for `fsync` queues, whose
+  appends' fdatasync then also writes back the header). Creating a segment costs
+  several ms of syncs on a busy disk and a page fault per 4 KiB when first written,
+  about as long as filling a 4 MiB segment: spares take both off the writer's path.
+  Before the rename nothing changed (a `.tmp` or spare is removed at the next open);
+  after it, the new segment is simply the newest and the one before it can receive
+  nothing more, since only the newest segment is ever written. After a power cut (only
+  then can the page cache lose what was written) a renamed spare may come back with no
+  header at all, or with its old one, which starts before the end of the segment
+  before it: nothing in it was synced, so it holds nothing acknowledged as durable.
+  The first is deleted, the second started at that end, and both are reported.
 - deleting: the acknowledged position is persisted in the segment first, then the file
   is unlinked. A crash in between leaves a segment whose records are all acknowledged:
   it opens empty and is deleted again. A segment that still holds unacknowledged
@@ -38,6 +53,9 @@ drops its oldest records one by one, inside the ring, as a version-1 ring did).
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -47,8 +65,8 @@ from typing import Protocol, TypeVar
 
 from eventspool._core.native import APPEND_BAD_LENGTH, APPEND_CLOSED, RingCore
 from eventspool.clock import Clock
-from eventspool.config import FullPolicy, QueueSettings
-from eventspool.errors import CorruptQueueError, SpoolClosedError, SpoolFullError
+from eventspool.config import Durability, FullPolicy, QueueSettings
+from eventspool.errors import CorruptQueueError, QueueFileError, SpoolClosedError, SpoolFullError
 from eventspool.spool.ring import (
     HEADER_SIZE,
     Record,
@@ -58,15 +76,24 @@ from eventspool.spool.ring import (
     allocated_bytes,
     create_file,
     frame_size,
+    fsync_directory,
     segment_capacity,
 )
 
 SUFFIX = ".queue"
+SPARE_SUFFIX = ".spare"
+# Spares a queue with a backlog keeps ready: two, as one creation can take longer than
+# the writer takes to fill a segment.
+SPARES_AHEAD = 2
 # What RingCore.read_for_kafka gives: (sequence, key, value, create ms, headers or None).
 KafkaRecords = list[
     tuple[int, bytes | None, bytes | None, int, list[tuple[str, str | bytes | None]] | None]
 ]
 _Read = TypeVar("_Read")
+# Runs a job on another thread (an executor's `submit`): where spare segments are made.
+Background = Callable[[Callable[[], None]], object]
+
+log = logging.getLogger("eventspool.spool")
 _TMP_SUFFIX = ".tmp"
 
 
@@ -136,7 +163,9 @@ class SegmentedQueue:
     record appended and not acknowledged is found again.
 
     `on_write_core` is told the compiled core of each new write segment: the topic's
-    route writes straight into it (TopicRoute.set_ring).
+    route writes straight into it (TopicRoute.set_ring). With `background`, a queue that
+    has chained a segment prepares the next one there, as a spare, while its backlog
+    lasts; without it, every segment is made when it is needed.
     """
 
     def __init__(
@@ -150,6 +179,7 @@ class SegmentedQueue:
         max_payload: int,
         on_fsync: SyncObserver | None = None,
         on_write_core: Callable[[RingCore], None] | None = None,
+        background: Background | None = None,
     ) -> None:
         self.directory = directory
         self.name = name
@@ -160,6 +190,10 @@ class SegmentedQueue:
         self._max_payload = max_payload
         self._on_fsync = on_fsync
         self._on_write_core = on_write_core
+        self._background = background
+        self._spares: list[_Segment] = []
+        self._spares_coming = 0
+        self._spare_names = 0
         self._segment_capacity = segment_capacity(settings)
         self._max_capacity = max(settings.capacity_bytes, self._segment_capacity)
         # A queue that can never chain keeps version 1's drop_oldest: one record at a time.
@@ -185,7 +219,12 @@ class SegmentedQueue:
 
     def _open_segments(self) -> RecoveryReport:
         found = sorted(_segment_files(self.directory, self.name))
-        for number, path in found:
+        for index, (number, path) in enumerate(found):
+            if index and _never_written(path):
+                log.error("%s: a spare whose header a power cut lost; deleted", path)
+                self._space.removed(allocated_bytes(path))
+                path.unlink()
+                continue
             self._segments.append(_Segment(number, self._open_ring(path), allocated_bytes(path)))
         if not self._segments:
             path = segment_path(self.directory, self.name, 0)
@@ -193,6 +232,10 @@ class SegmentedQueue:
             self._segments.append(_Segment(0, self._open_ring(path), allocated))
         for older, newer in zip(self._segments, self._segments[1:], strict=False):
             older.ring.core.seal()
+            if newer.ring.head_seq < older.ring.next_seq and not newer.ring.depth:
+                # A spare whose rewritten header a power cut lost (see the module).
+                core = older.ring.core
+                newer.ring.core.restart(core.next_seq, core.dropped, core.skipped)
             if newer.ring.head_seq < older.ring.next_seq:
                 raise CorruptQueueError(
                     str(newer.ring.path),
@@ -326,30 +369,112 @@ class SegmentedQueue:
         """Chain a new write segment, if the queue's maximum and the budget allow it."""
         if self._single or self.capacity + self._segment_capacity > self._max_capacity:
             return False
-        writer = self._writer
         number = self._segments[-1].number + 1
         path = segment_path(self.directory, self.name, number)
-        core = writer.core
+        core = self._writer.core
         start = core.seal()
+        try:
+            segment = self._take_spare(path, start) or self._new_segment(path, start)
+        except BaseException:
+            core.sealed = False
+            raise
+        if segment is None:
+            core.sealed = False
+            return False
+        segment.number = number
+        self._segments.append(segment)
+        if self._on_write_core is not None:
+            self._on_write_core(segment.ring.core)
+        self._want_spare()
+        return True
+
+    def _new_segment(self, path: Path, start: int) -> _Segment | None:
+        """A segment made now, starting at sequence `start`; None when over the budget."""
+        core = self._writer.core
+        allocated = self._space.grow(
+            path,
+            HEADER_SIZE + self._segment_capacity,
+            lambda: create_file(
+                path,
+                self._segment_capacity,
+                start,
+                core.dropped,
+                core.skipped,
+                sync=self.settings.durability is Durability.FSYNC,
+            ),
+        )
+        return None if allocated is None else _Segment(0, self._open_ring(path), allocated)
+
+    def _take_spare(self, path: Path, start: int) -> _Segment | None:
+        """A spare, started at sequence `start` and renamed to `path`, if there is one."""
+        if not self._spares:
+            return None
+        spare = self._spares.pop(0)
+        core = self._writer.core
+        spare.ring.core.restart(start, core.dropped, core.skipped)
+        spare.ring.core.sealed = spare.ring.core.drop_oldest = False  # a recycled segment
+        os.replace(spare.ring.path, path)
+        spare.ring.path = path
+        if self.settings.durability is Durability.FSYNC:
+            fsync_directory(path.parent)
+        return spare
+
+    def _want_spare(self) -> None:
+        """Have segments made in the background, ahead of need, while a backlog grows."""
+        while self._background is not None and (
+            len(self._spares) + self._spares_coming < SPARES_AHEAD
+            and self._room_for(len(self._spares) + self._spares_coming + 1)
+        ):
+            self._spares_coming += 1
+            self._background(functools.partial(self._make_spare, self._spare_path()))
+
+    def _room_for(self, segments: int) -> bool:
+        """Whether the queue's maximum leaves room for this many more segments."""
+        return self.capacity + segments * self._segment_capacity <= self._max_capacity
+
+    def _spare_path(self) -> Path:
+        self._spare_names += 1
+        return self.directory / f"{self.name}{SPARE_SUFFIX}.{self._spare_names}"
+
+    def _make_spare(self, path: Path) -> None:
+        """Create, open and prefault a spare (on the background thread), then offer it.
+
+        Its name is not part of the chain: a crash leaves a spare that the next open
+        removes. Nothing is synced (see the module).
+        """
+        spare = None
         try:
             allocated = self._space.grow(
                 path,
                 HEADER_SIZE + self._segment_capacity,
-                lambda: create_file(
-                    path, self._segment_capacity, start, core.dropped, core.skipped
-                ),
+                lambda: create_file(path, self._segment_capacity, sync=False),
             )
-            if allocated is None:
-                core.sealed = False
-                return False
-            ring = self._open_ring(path)
-        except BaseException:
-            core.sealed = False
-            raise
-        self._segments.append(_Segment(number, ring, allocated))
-        if self._on_write_core is not None:
-            self._on_write_core(ring.core)
-        return True
+            if allocated is not None:
+                spare = _Segment(-1, self._open_ring(path), allocated)
+                spare.ring.core.prefault()
+        except QueueFileError as exc:  # a full disk: the writer meets it, in its own words
+            log.info("no spare segment for %s: %s", self.where, exc)
+        except Exception:
+            log.exception("making a spare segment for %s failed", self.where)
+        with self._lock:
+            self._spares_coming -= 1
+            if spare is None:
+                return
+            if self._closed or len(self._segments) == 1 or len(self._spares) >= SPARES_AHEAD:
+                self._delete(spare)  # not needed any more, or recycled segments came first
+            else:
+                self._spares.append(spare)
+
+    def _drop_spares(self) -> None:
+        """Delete the spares: the backlog is gone, or the queue closed."""
+        while self._spares:
+            self._delete(self._spares.pop())
+
+    def _delete(self, segment: _Segment) -> None:
+        segment.ring.close()
+        with contextlib.suppress(FileNotFoundError):
+            segment.ring.path.unlink()
+        self._space.removed(segment.allocated)
 
     def _drop_oldest_segment(self) -> None:
         oldest = self._segments[0]
@@ -357,19 +482,32 @@ class SegmentedQueue:
         self._delete_oldest()
 
     def _delete_oldest(self) -> None:
-        """Delete the oldest segment (never the write segment); call with the lock held."""
+        """Delete the oldest segment (never the write segment), or keep it as a spare while
+        the backlog lasts and spares are wanted; call with the lock held."""
         oldest = self._segments.pop(0)
         self._reading = max(0, self._reading - 1)
-        oldest.ring.close()
-        with contextlib.suppress(FileNotFoundError):
-            oldest.ring.path.unlink()
-        self._space.removed(oldest.allocated)
+        if (
+            self._background is not None
+            and len(self._segments) > 1
+            and not oldest.ring.depth
+            and len(self._spares) < SPARES_AHEAD
+            and oldest.ring.capacity == self._segment_capacity
+        ):
+            spare = self._spare_path()
+            os.replace(oldest.ring.path, spare)
+            oldest.ring.path = spare
+            self._spares.append(oldest)
+        else:
+            self._delete(oldest)
         self._room.notify_all()
 
     def _collect(self) -> None:
-        """Delete the sealed segments at the front whose records are all acknowledged."""
+        """Delete the sealed segments at the front whose records are all acknowledged,
+        and the spare once the queue is back to one segment."""
         while len(self._segments) > 1 and not self._segments[0].ring.depth:
             self._delete_oldest()
+        if len(self._segments) == 1:
+            self._drop_spares()
 
     def _full_error(self) -> SpoolFullError:
         return SpoolFullError(
@@ -459,7 +597,8 @@ class SegmentedQueue:
 
     @property
     def allocated(self) -> int:
-        return sum(segment.allocated for segment in self._segments)
+        """Bytes the queue's files take on disk, its spare included."""
+        return sum(segment.allocated for segment in [*self._segments, *self._spares])
 
     @property
     def is_open(self) -> bool:
@@ -490,13 +629,14 @@ class SegmentedQueue:
         with self._lock:
             segments = list(self._segments)
             read_seq = self._read_seq()
+            allocated = self.allocated
         oldest = next((s.ring for s in segments if s.ring.depth), None)
         oldest_ts = -1 if oldest is None else oldest.core.oldest_timestamp()
         newest = segments[-1].ring.core
         return QueueStats(
             path=str(self.path),
             segments=len(segments),
-            allocated_bytes=sum(s.allocated for s in segments),
+            allocated_bytes=allocated,
             capacity=sum(s.ring.capacity for s in segments),
             depth=sum(s.ring.depth for s in segments),
             bytes=sum(s.ring.core.tail - s.ring.core.head for s in segments),
@@ -514,6 +654,7 @@ class SegmentedQueue:
             if self._closed:
                 return
             self._closed = True
+            self._drop_spares()
             for segment in self._segments:
                 segment.ring.close()
             self._room.notify_all()
@@ -534,18 +675,30 @@ class SegmentedQueue:
 
 
 def _segment_files(directory: Path, queue: str) -> list[tuple[int, Path]]:
-    """The segments of `queue` on disk; a segment's `.tmp` left by a crash is removed."""
+    """The segments of `queue` on disk; a `.tmp` or a spare left by a crash is removed."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
     found = []
-    for path in directory.glob(f"{queue}*{SUFFIX}*"):
-        if path.name.endswith(_TMP_SUFFIX):
-            parsed = parse_segment_name(path.name[: -len(_TMP_SUFFIX)])
-            if parsed is not None and parsed[0] == queue:
-                path.unlink()
+    for name in names:
+        if not name.startswith(f"{queue}."):
             continue
-        parsed = parse_segment_name(path.name)
+        parsed = parse_segment_name(name)
         if parsed is not None and parsed[0] == queue:
-            found.append((parsed[1], path))
+            found.append((parsed[1], directory / name))
+        elif name.startswith(f"{queue}{SPARE_SUFFIX}.") or (
+            name.endswith(_TMP_SUFFIX)
+            and (parse_segment_name(name[: -len(_TMP_SUFFIX)]) or ("", 0))[0] == queue
+        ):
+            (directory / name).unlink()
     return found
+
+
+def _never_written(path: Path) -> bool:
+    """Whether the file's header is all zeros: a spare renamed before it reached the disk."""
+    with path.open("rb") as handle:
+        return not any(handle.read(HEADER_SIZE))
 
 
 def append_to_each(queues: Sequence[SegmentedQueue], payload: bytes, timestamp_ms: int) -> None:
