@@ -8,10 +8,12 @@ per-event figure is that dump's instruction count over the events. Every thread 
 process is counted (librdkafka's included); valgrind runs them one at a time.
 
 Lanes: `send` and `send_keyed` (`Spool.send()` of 100-byte values, durability process,
-4 partitions), `produce` and `produce_keyed` (`Producer.produce()` into librdkafka's
-memory, nothing sent), `e2e_spool` (send then flush to the broker's acknowledgement,
-keyed, 12 partitions) and `e2e_producer` (an idempotent producer doing the same, with
-a delivery callback per message, as bench/e2e.py's anchor).
+4 partitions), `send_crossing` (`send` into one partition, whose 4 MiB segments fill and
+chain every ~26,000 events, no reader), `produce` and `produce_keyed`
+(`Producer.produce()` into librdkafka's memory, nothing sent), `e2e_spool` (send then
+flush to the broker's acknowledgement, keyed, 12 partitions) and `e2e_producer` (an
+idempotent producer doing the same, with a delivery callback per message, as
+bench/e2e.py's anchor).
 """
 
 from __future__ import annotations
@@ -127,6 +129,12 @@ def _spool_lane(events: int, keyed: bool) -> None:
         _measure_calls(spool.send, events, keyed)
 
 
+def _crossing_lane(events: int) -> None:
+    with tempfile.TemporaryDirectory() as directory, Spool(directory) as spool:
+        spool.set_partition_count("ipe", 1)
+        _measure_calls(spool.send, events, keyed=False)
+
+
 def _producer_lane(events: int, keyed: bool) -> None:
     producer = Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0})
     _measure_calls(producer.produce, events, keyed)
@@ -195,6 +203,8 @@ def main(argv: Sequence[str]) -> int:
     lane, events = argv[0], int(argv[1])
     if lane in ("send", "send_keyed"):
         _spool_lane(events, keyed=lane == "send_keyed")
+    elif lane == "send_crossing":
+        _crossing_lane(events)
     elif lane in ("produce", "produce_keyed"):
         _producer_lane(events, keyed=lane == "produce_keyed")
     elif lane == "e2e_spool":

@@ -14,7 +14,12 @@ What one run measures (each figure is the median over the repetitions):
    enqueue, keyless and keyed, 1 and 4 threads; purged after every pass.
 
 4. Instructions per event, counted by callgrind (bench/_instructions.py) for
-   `Spool.send()` and `produce()` keyless: a figure that a busy machine does not move.
+   `Spool.send()` and `produce()` keyless: a figure that a busy machine does not move;
+   and for `Spool.send()` into one partition whose 4 MiB segments fill and chain.
+5. Appends that cross segment boundaries: keyless sends to one partition with 4 MiB
+   segments while a drainer thread (standing in for the sender) keeps two segments of
+   backlog, so the queue moves to a new segment every ~26k events; against the same
+   sends and drainer on one 256 MiB segment, which wraps and never chains.
 
 Nothing sends the spool's events anywhere, so its rings would fill. There is no
 concurrent drainer here: every ring has room for a whole pass, and between passes, out
@@ -59,7 +64,7 @@ PAYLOAD_BYTES = 100
 KEY_SPACE = 10_000
 THREAD_COUNTS = (1, 4)
 KEY_MODES = ("keyless", "keyed")
-CAPACITY_BYTES = 32 * MIB  # the default QueueSettings capacity
+CAPACITY_BYTES = 32 * MIB  # one ring per partition, as before queues had segments
 PAGE_BYTES = 4096
 DURABILITIES = (Durability.PROCESS, Durability.FSYNC)
 
@@ -316,6 +321,7 @@ def spool_settings(durability: Durability) -> SpoolSettings:
     return SpoolSettings(
         queue=QueueSettings(
             capacity_bytes=CAPACITY_BYTES,
+            segment_bytes=CAPACITY_BYTES,
             durability=durability,
             full_policy=FullPolicy.REJECT,
         )
@@ -356,7 +362,7 @@ def warm_rings(spool: Spool, target: Target, value: bytes, users: Sequence[bytes
     chunk = target.max_pass_events
     sent = 0
     for chunk_index in range(64):
-        tails = [ref.ring.stats().tail_position for ref in spool.queues()]
+        tails = [ref.ring.write_core.tail for ref in spool.queues()]
         if min(tails) >= CAPACITY_BYTES + 8 * PAGE_BYTES:
             return sent
         mode = KEY_MODES[chunk_index % 2]
@@ -367,6 +373,87 @@ def warm_rings(spool: Spool, target: Target, value: bytes, users: Sequence[bytes
 
 
 # ---- the disk ------------------------------------------------------------------------
+
+
+# ---- appends that cross segment boundaries -------------------------------------------
+
+CROSSING_SEGMENT_BYTES = 4 * MIB  # the default segment_bytes
+STEADY_SEGMENT_BYTES = 256 * MIB
+BACKLOG_SEGMENTS = 2
+
+
+class Drainer(threading.Thread):
+    """Reads and acknowledges a queue as the sender would, leaving `keep` records queued."""
+
+    def __init__(self, spool: Spool, keep: int) -> None:
+        super().__init__(daemon=True)
+        self._spool = spool
+        self._keep = keep
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if not self.drain_once():
+                time.sleep(0.0002)
+
+    def drain_once(self) -> int:
+        """Acknowledge one batch of what is over `keep`; how many records."""
+        (ref,) = self._spool.queues()
+        queue = ref.ring
+        excess = queue.depth - self._keep
+        batch = queue.read_batch(min(excess, 20_000), 64 * MIB) if excess > 0 else []
+        if batch:
+            queue.ack(batch[-1].seq)
+        return len(batch)
+
+
+def crossing_lanes(
+    directory: Path, value: bytes, profile: Profile, repeats: int, runs: Runs
+) -> dict[str, int]:
+    """Rates of sends that cross segment boundaries and of the same sends that do not.
+
+    Each queue keeps its backlog of two segments between passes too, as under a
+    sustained backlog: the crossing lane's emptied segments are recycled, not remade.
+    """
+    events = profile.max_pass_events // 3
+    frame = frame_size(FIXED_SIZE + PAYLOAD_BYTES)
+    keep = BACKLOG_SEGMENTS * CROSSING_SEGMENT_BYTES // frame
+    lanes = {"crossing": CROSSING_SEGMENT_BYTES, "steady_backlog": STEADY_SEGMENT_BYTES}
+    spools: dict[str, Spool] = {}
+    sent = dict.fromkeys(lanes, 0)
+    keys = key_lists("keyless", events, 1, [])
+    try:
+        for name, segment in lanes.items():
+            queue = QueueSettings(capacity_bytes=2048 * MIB, segment_bytes=segment)
+            spools[name] = spool = Spool(directory / name, settings=SpoolSettings(queue=queue))
+            spool.set_partition_count(TOPIC, 1)
+            # Warm: the steady ring written through once, the backlog in place.
+            for _ in range(STEADY_SEGMENT_BYTES // (events * frame) + 2):
+                sent[name] += run_pass(spool.send, value, keys, timed=False).events
+                while Drainer(spool, keep).drain_once():
+                    pass
+        for rep in range(repeats):
+            for name, spool in spools.items():
+                drainer = Drainer(spool, keep)
+                drainer.start()
+                result = run_pass(spool.send, value, keys, timed=False)
+                drainer.stop.set()
+                drainer.join()
+                while drainer.drain_once():
+                    pass
+                sent[name] += result.events
+                runs.add(f"spool_{name}_rate", result.rate)
+                progress(f"rep {rep + 1}/{repeats} {name}: {result.rate:,.0f} events/s")
+        for name, spool in spools.items():
+            expect_emptied(spool, keep)
+            (ref,) = spool.queues()
+            if ref.ring.next_seq != sent[name]:
+                raise RuntimeError(f"{name}: sent {sent[name]}, queued {ref.ring.next_seq}")
+    finally:
+        for spool in spools.values():
+            spool.close()
+    chained = repeats * events * frame // CROSSING_SEGMENT_BYTES
+    return {"events_per_pass": events, "backlog_records": keep, "segments_chained": chained}
 
 
 def disk_fdatasync(directory: Path, value: bytes, count: int) -> dict[str, float]:
@@ -516,6 +603,11 @@ def run(args: BenchArgs) -> dict[str, object]:
         finally:
             spool.close()
 
+        # Appends that cross segment boundaries, against the same appends in one ring.
+        facts["crossing"] = crossing_lanes(
+            session.scratch / "crossing", value, profile, repeats, runs
+        )
+
         # 2. fsync durability: the same (now warm) ring files, reopened; and the disk's
         # own fdatasync in the spool's directory, one probe at the start of each
         # repetition, so that both see the same disk weather.
@@ -553,7 +645,7 @@ def run(args: BenchArgs) -> dict[str, object]:
     if _instructions.available():
         events = _instructions.QUICK_EVENTS if args.quick else _instructions.FULL_EVENTS
         progress(f"instructions per event under callgrind ({events:,} events per lane)")
-        instructions = _instructions.per_event(["send", "produce"], events)
+        instructions = _instructions.per_event(["send", "produce", "send_crossing"], events)
         progress(f"instructions per event: {instructions}")
 
     return build_result(
@@ -660,6 +752,14 @@ def build_result(
         fsync_p99, figures["disk_fdatasync_overwrite_p99_us"], 3
     )
     cold_rate = facts["cold_first_pass_rate"]
+    result["crossing_vs_steady_ratio"] = safe_ratio(
+        figures["spool_crossing_rate"], figures["spool_steady_backlog_rate"], 3
+    )
+    result["crossing"] = facts["crossing"]
+    if instructions:
+        result["crossing_vs_steady_instructions_ratio"] = safe_ratio(
+            instructions["send_crossing"], instructions["send"], 3
+        )
     result["cold_first_pass_rate"] = round(cold_rate)
     result["cold_first_pass_vs_warm_ratio"] = safe_ratio(cold_rate, ours, 3)
     result["anchor_cold_first_pass_rate"] = round(facts["anchor_cold_first_pass_rate"])
