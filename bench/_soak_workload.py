@@ -48,7 +48,7 @@ from eventspool.envelope import EventIdGenerator
 from eventspool.errors import EventspoolError, SpoolClosedError, SpoolFullError
 from eventspool.testing.agent import UnixHTTPConnection
 from eventspool.testing.ledger import HandlerLedger, LedgerWriter
-from harness.producer import sender_producer_config
+from harness.producer import anchor_config
 
 # ---- the workload -----------------------------------------------------------------
 
@@ -207,19 +207,11 @@ def _die(error: BaseException) -> NoReturn:
     os._exit(3)
 
 
-def _stop_on_sigterm() -> threading.Event:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
-    return stop
-
-
 # ---- the producers ----------------------------------------------------------------
 
 
-def run_sync(args: argparse.Namespace) -> None:
+def run_sync(args: argparse.Namespace, stop: threading.Event, tally: Tally) -> dict[str, object]:
     """Threads sharing one `Client`; a failed send is counted, never retried."""
-    stop = _stop_on_sigterm()
-    tally = Tally(args.ledger)
     client = Client(args.socket, timeout=10.0)
     rng = random.Random(args.seed)
 
@@ -247,13 +239,11 @@ def run_sync(args: argparse.Namespace) -> None:
     for thread in threads:
         thread.join()
     client.close()
-    tally.write(args.summary)
+    return {}
 
 
-def run_async(args: argparse.Namespace) -> None:
+def run_async(args: argparse.Namespace, stop: threading.Event, tally: Tally) -> dict[str, object]:
     """One `AsyncClient`, each send a task of its own, up to `--in-flight` at once."""
-    stop = _stop_on_sigterm()
-    tally = Tally(args.ledger)
     maker = EventMaker(random.Random(args.seed))
 
     async def send(client: AsyncClient, event: Event, slots: asyncio.Semaphore) -> None:
@@ -290,16 +280,14 @@ def run_async(args: argparse.Namespace) -> None:
         await client.close()
 
     asyncio.run(main())
-    tally.write(args.summary)
+    return {}
 
 
 _HTTP_ERRORS = (OSError, http.client.HTTPException)
 
 
-def run_http(args: argparse.Namespace) -> None:
+def run_http(args: argparse.Namespace, stop: threading.Event, tally: Tally) -> dict[str, object]:
     """POSTs of 1-8 events to /v1/topics/T or /v1/exchanges/X, on one kept-alive connection."""
-    stop = _stop_on_sigterm()
-    tally = Tally(args.ledger)
     rng = random.Random(args.seed)
     maker = EventMaker(rng)
     pacer = Pacer(args.rate / 4.5)  # batches of 1-8 events: 4.5 on average
@@ -334,7 +322,7 @@ def run_http(args: argparse.Namespace) -> None:
             tally.refuse(f"http_{response.status}", json.dumps(answer), len(batch))
     if connection is not None:
         connection.close()
-    tally.write(args.summary)
+    return {}
 
 
 def _http_event(event: Event) -> dict[str, str]:
@@ -357,10 +345,8 @@ def _http_reason(status: str, error: str) -> str:
 # ---- the anchor -------------------------------------------------------------------
 
 
-def run_anchor(args: argparse.Namespace) -> None:
+def run_anchor(args: argparse.Namespace, stop: threading.Event, tally: Tally) -> dict[str, object]:
     """A bare producer: "acknowledged" once produce() returned, as an application sees it."""
-    stop = _stop_on_sigterm()
-    tally = Tally(args.ledger)
     maker = EventMaker(random.Random(args.seed), only_topic=ANCHOR_TOPIC)
     ids = EventIdGenerator()
     reports: Counter[str] = Counter()
@@ -372,12 +358,7 @@ def run_anchor(args: argparse.Namespace) -> None:
         reports["errors"] += 1
 
     producer: Any = confluent_kafka.Producer(
-        {
-            **sender_producer_config(args.bootstrap),
-            "partitioner": "murmur2_random",
-            "on_delivery": on_delivery,
-            "error_cb": on_error,
-        }
+        {**anchor_config(args.bootstrap, on_error), "on_delivery": on_delivery}
     )
     pacer = Pacer(args.rate)
     while not stop.wait(pacer.next_delay()):
@@ -390,8 +371,7 @@ def run_anchor(args: argparse.Namespace) -> None:
         else:
             tally.ack(event_id, ANCHOR_TOPIC)
         producer.poll(0)
-    unflushed = producer.flush(30.0)
-    tally.write(args.summary, reports=dict(reports), unflushed=unflushed)
+    return {"reports": dict(reports), "unflushed": producer.flush(30.0)}
 
 
 # ---- the consumer -----------------------------------------------------------------
@@ -426,18 +406,17 @@ def run_consumer(args: argparse.Namespace) -> None:
 
 # ---- command line -----------------------------------------------------------------
 
-_RUNNERS: dict[str, Callable[[argparse.Namespace], None]] = {
+_SENDERS: dict[str, Callable[[argparse.Namespace, threading.Event, Tally], dict[str, object]]] = {
     "sync": run_sync,
     "async": run_async,
     "http": run_http,
     "anchor": run_anchor,
-    "consumer": run_consumer,
 }
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("kind", choices=sorted(_RUNNERS))
+    parser.add_argument("kind", choices=sorted([*_SENDERS, "consumer"]))
     parser.add_argument("--socket", type=Path)
     parser.add_argument("--bootstrap")
     parser.add_argument("--ledger", type=Path)
@@ -451,7 +430,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        _RUNNERS[args.kind](args)
+        if args.kind == "consumer":
+            run_consumer(args)
+        else:
+            stop = threading.Event()
+            signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+            tally = Tally(args.ledger)
+            tally.write(args.summary, **_SENDERS[args.kind](args, stop, tally))
 
 
 if __name__ == "__main__":

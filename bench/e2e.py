@@ -6,35 +6,27 @@ What one run measures (each figure is the median over the repetitions):
 * ours: a fresh spool directory (default settings: durability `process`, 32 MiB rings)
   and a fresh 12-partition topic. The app thread calls `Spool.send()` for N events of
   100 bytes, keyed by cycling over 10k users (b"user-0" .. b"user-9999"), then
-  `flush()` until it returns 0. Rate = N / (time from the first send until flush()
-  returned 0). The sender thread drains the rings concurrently, in this same process.
+  `flush()` until it returns 0; the sender thread drains the rings meanwhile, in this
+  same process. Rate = N / (first send until flush() returned 0).
 * the anchor: a fresh `confluent_kafka.Producer` with the settings the sender gives its
-  own producer (idempotent, acks=all, lz4, the SenderSettings defaults for linger.ms and
-  batch.size, ...) plus `partitioner=murmur2_random`, the Java-compatible partitioner,
-  and a fresh 12-partition topic. The same events (same keys and values) each with an
-  `event_id` header of the same 36-byte UUIDv7 text the spool adds, so the bytes on the
-  wire match; one shared delivery callback that counts; poll(0) every 1000 messages and
-  poll on BufferError; then `flush()`. Rate = N / (first produce until flush() returned).
-  The event ids are generated before the timed region (the spool makes its own inside
-  `send()`), which favours the anchor slightly.
+  own producer plus `partitioner=murmur2_random` (the Java-compatible partitioner), and
+  a fresh 12-partition topic. The same events, each with an `event_id` header of the
+  36-byte UUIDv7 text the spool adds (generated before the timed region, which favours
+  the anchor slightly), so the bytes on the wire match; one shared counting delivery
+  callback; poll(0) every 1000 messages and on BufferError; then `flush()`. Rate = N /
+  (first produce until flush() returned).
 
-CPU seconds per million events come from `time.process_time()` deltas over the same
-window: every thread of this process (app thread, sender thread, librdkafka threads). A
-per-thread split from /proc/self/task (Linux) and the broker process's own CPU are
-reported too. Before each timed window both sides send the same 2,000 warm-up events
-to their topic and wait for them: this opens the connections, the spool's ring files and
-the producer's partition queues, and checks that both put every warm-up key on the same
-partition (the spool partitions with Kafka's murmur2; librdkafka with murmur2_random).
-
-Instructions per event of both sides, counted by callgrind (bench/_instructions.py)
+CPU seconds per million events come from `time.process_time()` over the same window
+(every thread of this process); a per-thread split from /proc/self/task and the
+broker process's own CPU are reported too. Before each timed window both sides send the
+same 2,000 warm-up events and wait for them: this opens the connections, ring files
+and partition queues, and checks that both put every warm-up key on the same partition.
+Instructions per event of both sides, counted by callgrind (harness.instructions)
 over the same kind of run, come last: unlike the rates they do not move when the
 machine is busy.
 
-Runs alternate between ours and the anchor (the first one alternates too), so a
-disturbance from elsewhere on the machine hits both alike. The broker is tansu, started
-here (in memory), on the same machine: it competes with this process for the cores.
-
-The LAST line on stdout is one JSON object; progress and a table go to stderr.
+Runs alternate between ours and the anchor. The broker is tansu, started here (in
+memory), on the same machine: it competes with this process for the cores.
 """
 
 from __future__ import annotations
@@ -50,23 +42,23 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import confluent_kafka
 
-import _instructions
 from eventspool.broker.local import create_topic
 from eventspool.config import SenderSettings, SpoolSettings
 from eventspool.envelope import FIXED_SIZE, EventIdGenerator
 from eventspool.pipeline import Spool
 from eventspool.spool.ring import frame_size
+from harness import instructions as _instructions
 from harness.cli import BenchArgs, parse_args
 from harness.cpu import CLOCK_TICKS, process_ticks, thread_ticks
 from harness.figures import figure
 from harness.output import emit_result, print_figures, progress
-from harness.producer import SENDER_PRODUCER_CONFIG, sender_producer_config
+from harness.producer import SENDER_PRODUCER_CONFIG, anchor_config
 from harness.runs import Runs, alternate, median, safe_ratio
 from harness.session import Session
 
@@ -155,24 +147,15 @@ class GcTimer:
             self.collections[int(info["generation"])] += 1
 
 
-@dataclass(slots=True)
 class CpuWindow:
-    """Wall time, process CPU, per-thread CPU, page faults and broker CPU over a window."""
+    """Wall time, process CPU, per-thread CPU, page faults, time in the garbage collector
+    and the broker's CPU over one timed window."""
 
-    broker_pid: int
-    wall_start: float = 0.0
-    cpu_start: float = 0.0
-    app_start: float = 0.0
-    faults_start: int = 0
-    threads_start: dict[int, tuple[str, int]] = field(default_factory=dict)
-    broker_start: int | None = None
-    wall_s: float = 0.0
-    cpu_s: float = 0.0
-    app_cpu_s: float = 0.0
-    minor_faults: int = 0
-    threads_s: dict[str, float] = field(default_factory=dict)
-    broker_cpu_s: float | None = None
-    gc_timer: GcTimer = field(default_factory=GcTimer)
+    def __init__(self, broker_pid: int) -> None:
+        self.broker_pid = broker_pid
+        self.gc_timer = GcTimer()
+        self.threads_s: dict[str, float] = {}
+        self.broker_cpu_s: float | None = None
 
     def start(self) -> None:
         gc.callbacks.append(self.gc_timer)
@@ -192,19 +175,12 @@ class CpuWindow:
         broker_end = process_ticks(self.broker_pid)
         if broker_end is not None and self.broker_start is not None:
             self.broker_cpu_s = (broker_end - self.broker_start) / CLOCK_TICKS
-        app_tid = threading.get_native_id()
-        split = {"app_thread": 0.0, "sender_thread": 0.0, "librdkafka_threads": 0.0, "other": 0.0}
+        groups = {threading.get_native_id(): "app_thread", sender_tid: "sender_thread"}
+        split = dict.fromkeys(("app_thread", "sender_thread", "librdkafka_threads", "other"), 0.0)
         for tid, (name, ticks) in thread_ticks().items():
-            used = (ticks - self.threads_start.get(tid, (name, 0))[1]) / CLOCK_TICKS
-            if tid == app_tid:
-                group = "app_thread"
-            elif tid == sender_tid:
-                group = "sender_thread"
-            elif name.startswith("rdk:"):
-                group = "librdkafka_threads"
-            else:
-                group = "other"
-            split[group] += used
+            rdk = "librdkafka_threads" if name.startswith("rdk:") else "other"
+            used = ticks - self.threads_start.get(tid, (name, 0))[1]
+            split[groups.get(tid, rdk)] += used / CLOCK_TICKS
         self.threads_s = split
 
 
@@ -232,19 +208,6 @@ class RunResult:
 
 
 # ---- the two sides -----------------------------------------------------------------
-
-
-def anchor_config(bootstrap: str, errors: list[int]) -> dict[str, Any]:
-    """The sender's producer settings, plus murmur2_random."""
-
-    def count_error(_error: object) -> None:
-        errors[0] += 1
-
-    return {
-        **sender_producer_config(bootstrap),
-        "partitioner": "murmur2_random",
-        "error_cb": count_error,
-    }
 
 
 def settings_description() -> dict[str, object]:
@@ -344,14 +307,14 @@ def run_anchor(
     bootstrap: str, broker_pid: int, topic: str, warmup: Workload, timed: Workload
 ) -> RunResult:
     create_topic(bootstrap, topic, PARTITIONS)
-    errors = [0]
+    errors: list[object] = []
     requests = [0]
 
     def on_statistics(text: str) -> None:
         requests[0] = produce_requests(text)
 
     config = {
-        **anchor_config(bootstrap, errors),
+        **anchor_config(bootstrap, errors.append),
         "statistics.interval.ms": STATISTICS_INTERVAL_MS,
         "stats_cb": on_statistics,
     }
@@ -403,7 +366,7 @@ def run_anchor(
         len(timed),
         window,
         [],
-        {"error_cb_calls": errors[0], "warmup_partition_counts": warm_counts},
+        {"error_cb_calls": len(errors), "warmup_partition_counts": warm_counts},
         requests[0] - requests_before,
     )
 

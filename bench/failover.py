@@ -4,80 +4,62 @@ idempotent `confluent_kafka.Producer` on a 3-broker cluster.
 
 The cluster is librdkafka's mock cluster with 3 brokers (`eventspool.broker.mock`), in a
 process of its own, fresh for every run, with a fresh topic of 6 partitions (replication
-3; the mock does not replicate: a partition has one log whoever leads it). Partition p
-starts led by broker p % 3 + 1. Each side runs in a child process of its own (this script
-with a hidden first argument) sending one stream, the same for both sides: keys cycling
-over 10k users (b"user-0" .. b"user-9999"), JSON-like 100-byte values numbered by event,
-20,000 events/s in bursts every 5 ms, paced by the clock (a late burst is followed at once
-by the next, so both sides send the same events at the same times). The child first sends
-2,000 warm-up events and waits for them (both sides must put them on the same
-partitions), reports ready, and sends until told to stop. The parent applies the same
-faults to both sides, timed from the ready report:
+3; the mock does not replicate). Partition p starts led by broker p % 3 + 1. Each side
+runs in a child process sending the same stream: keys cycling over 10k users
+(b"user-0" .. b"user-9999"), JSON-like 100-byte values numbered by event, 20,000
+events/s in bursts every 5 ms, paced by the clock (a late burst is followed at once by
+the next). The child first sends 2,000 warm-up events and waits for them (both sides
+must put them on the same partitions), reports ready, and sends until told to stop. The
+parent applies the same faults to both sides, timed from the ready report:
 
     steady phase: 2 s (1 s with --quick), then up to 1 s more, to place the broker's
       loss at a set phase of the client's 1 s timer (see 3.)
     leader move: every partition to the next broker (p -> (p + 1) % 3 + 1); as long again
     outage: broker 3 down and at once its partitions (1 and 4) led by brokers 1 and 2,
-      as a controller would; 5 s later broker 3 up again (it leads nothing any more):
-      the fault's end
+      as a controller would; 5 s later broker 3 up again (it leads nothing any more)
     tail: 4 s (2 s with --quick), then stop: the child waits for every acknowledgement
 
 Sides:
 
-* ours: `Spool.send()` with default SpoolSettings and SenderSettings (the sender thread
-  ships the rings in the same process). An event is acknowledged when its ring's read
-  position (head_seq) moves past it, which the sender does only on the broker's
-  acknowledgement. A thread of the child reads the 6 rings' head_seq every 1 ms and logs
-  each change with the time of the read; each event's ring sequence is known (its
-  partition is Kafka's murmur2 of its key, checked against the rings' ends after the
-  run), so its acknowledgement time is that of the first read that found the head past
-  it. A read can come up to about 1 ms (plus a wait for the GIL) after the sender moved
-  the head: that error counts against ours.
+* ours: `Spool.send()` with default SpoolSettings and SenderSettings. An event is
+  acknowledged when its ring's head_seq moves past it, which the sender does only on the
+  broker's acknowledgement: a thread of the child reads the 6 rings' head_seq every 1 ms
+  and logs each change with the time of the read; each event's ring sequence is known
+  (Kafka's murmur2 of its key, checked against the rings' ends after the run). A read
+  can come about 1 ms (plus a wait for the GIL) late: that error counts against ours.
 * the anchor: a `confluent_kafka.Producer` with the settings the sender gives its own
-  producer (idempotent, acks=all, lz4, linger.ms and batch.size of SenderSettings,
-  message.timeout.ms=0, ...) plus partitioner=murmur2_random, so keys land where the
-  spool puts them. Each event carries an `event_id` header (the spool adds the same) and
-  a delivery callback that stamps its acknowledgement time; between bursts the child
-  waits in poll(), so callbacks run as the reports arrive.
+  producer plus partitioner=murmur2_random, so keys land where the spool puts them. Each
+  event carries an `event_id` header and a delivery callback that stamps its
+  acknowledgement time; between bursts the child waits in poll().
 
-Send times are taken just before `send()` / `produce()`. All times are CLOCK_MONOTONIC,
+Send times are taken just before `send()` / `produce()`; all times are CLOCK_MONOTONIC,
 shared by the children and the parent, which stamps the leader move and the broker's loss
-just before its first control call, and the broker's return once the cluster has applied
-it. Figures:
+just before its first control call, and the broker's return once it was applied. Figures:
 
-1. recovery (the headline): from broker 3 back up until the last event sent before that
-   moment is acknowledged: when `Spool.flush()` called then would return 0, when every
-   delivery report of what was produced by then is in; 0 if nothing was outstanding.
-   Ratio anchor / ours. On the mock both sides move to the new leaders within about a
-   second of the broker's loss, well inside the outage, so this comes down to how long
-   the events sent just before the broker's return take: one send-to-acknowledgement
-   time, less where the last burst fell in its 5 ms.
+1. recovery (the headline): from broker 3 back up until the last event sent before then
+   is acknowledged (0 if nothing was outstanding). Both sides move to the new leaders
+   within about a second of the broker's loss, so this is about one send-to-acknowledgement
+   time of the events sent just before the broker's return.
 2. p99 (p50, max in the JSON) of send to acknowledgement over every event after the
-   warm-up, faults included. Ratio anchor / ours.
+   warm-up, faults included.
 3. the failover itself: the longest send-to-acknowledgement wait of an event sent while
-   broker 3 was down. Ratio anchor / ours. The mock drops a down broker from its
-   metadata; librdkafka then retires that broker and its partitions wait for a leader
-   query, which a timer of librdkafka's own, every second from the producer's start,
-   makes: the wait is anywhere from 0 to 1 s depending on where the fault falls in that
-   second. So both sides meet the same phases: in repetition r of N the broker goes down
-   (r + 0.5) / N s past a whole second of the client's life, counted from the child's
-   stamp just before it creates its Spool or Producer (without this each side's
-   start-up time would fix its phase, run after run; the phases are in the JSON).
+   broker 3 was down. librdkafka re-queries a lost leader on a 1 s timer of its own, from
+   the client's creation, so the wait depends on where the fault falls in that second:
+   in repetition r of N the broker goes down (r + 0.5) / N s past a whole second of the
+   client's life (the phases are in the JSON).
 4. acknowledged events lost to a SIGKILL halfway through the outage (--kill-at): the
-   same run, but the parent SIGKILLs the child then. The child records the id of every
-   event its caller would count as handed over in a ledger file that survives the kill
-   (`eventspool.testing.ledger`, as `kill_loss.py` does): ours once `send()` returned; the
-   anchor once `produce()` returned and, in a second file, once its delivery report came
-   without error. The fault goes on to its end; ours is restarted at once on the same
-   spool directory (as a supervisor would) and flushed to 0 once the broker is back; 0.5
-   s later the parent reads every partition to its end (refusing a run whose oldest
-   records the mock dropped) and compares event ids. Ratio (anchor + 1) / (ours + 1).
+   same run, but the parent SIGKILLs the child then. The child records every event its
+   caller would count as handed over in a ledger file that survives the kill
+   (`eventspool.testing.ledger`): ours once `send()` returned; the anchor once
+   `produce()` returned and, in a second file, once its delivery report came without
+   error. Ours is restarted at once on the same spool directory (as a supervisor would)
+   and flushed once the broker is back; 0.5 s later the parent reads every partition to
+   its end (refusing a run whose oldest records the mock dropped) and compares event ids.
+   Ratio (anchor + 1) / (ours + 1).
 
-Runs alternate between ours and the anchor (the first one alternates too); each figure
-is the median over the runs (loss: over the kills): 5 runs and 3 kills per side, 1 and 1
-with --quick (--repeats, --kills). The mock cluster runs on the same
-machine and competes with both sides for the cores. The LAST line on stdout is one JSON
-object; progress and a table go to stderr.
+Ratios 1-3 are anchor / ours. Runs alternate between ours and the anchor; each figure is
+the median over the runs (loss: over the kills): 5 runs and 3 kills per side, 1 and 1
+with --quick (--repeats, --kills). The mock cluster runs on the same machine.
 """
 
 from __future__ import annotations
@@ -87,16 +69,15 @@ import functools
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import confluent_kafka
 from confluent_kafka import Consumer, TopicPartition
@@ -110,12 +91,13 @@ from eventspool.spool.partitioner import partition_for_key
 from eventspool.spool.ring import RingQueue
 from eventspool.testing.ledger import LedgerReader, LedgerWriter
 from eventspool.verify import ledger
+from harness.child import Child, child_arguments
 from harness.cli import BenchArgs, parse_args
 from harness.figures import figure
 from harness.ledger import lost_figure
 from harness.machine import machine
 from harness.output import emit_result, print_figures, progress
-from harness.producer import sender_producer_config
+from harness.producer import anchor_config
 from harness.runs import alternate, median, percentile, safe_ratio
 from harness.session import Session, drain
 
@@ -147,7 +129,16 @@ READY_TIMEOUT_S = 60.0
 FLUSH_TIMEOUT_S = 120.0
 SETTLE_S = 0.5
 CONSUME_TIMEOUT_S = 120.0
-CHILD_COMMAND = "_child"
+LOGS = ("sent", "delivered")  # the child's ledgers: send() or produce() returned; delivered
+SENDER_NOTES = (
+    "delivered",
+    "retried_batches",
+    "broker_errors",
+    "producer_resets",
+    "reconnects",
+    "dead_letters",
+    "last_error",
+)
 _BUFFER_RETRY_S = 0.01
 _FULL_RETRY_S = 0.001
 _ACTIONS = (b"click", b"view", b"purchase", b"login", b"logout", b"search", b"share", b"like")
@@ -360,7 +351,6 @@ def child_ours(spec: ChildSpec, stop: threading.Event, sent_log: LedgerWriter) -
         poller.stop()
         sender = spool.sender
         assert sender is not None
-        counters = sender.counters
         partition_of = [partition_for_key(key, PARTITIONS) for key in KEYS]
         partitions = [
             partition_of[index % KEY_SPACE] for index in range(WARMUP_EVENTS, WARMUP_EVENTS + sent)
@@ -375,13 +365,7 @@ def child_ours(spec: ChildSpec, stop: threading.Event, sent_log: LedgerWriter) -
         notes = {
             "unacknowledged_at_stop": left,
             "warmup_partition_counts": [first_seq[p] for p in range(PARTITIONS)],
-            "delivered": counters.delivered,
-            "retried_batches": counters.retried_batches,
-            "broker_errors": counters.broker_errors,
-            "producer_resets": counters.producer_resets,
-            "reconnects": counters.reconnects,
-            "dead_letters": counters.dead_letters,
-            "last_error": counters.last_error,
+            **{name: getattr(sender.counters, name) for name in SENDER_NOTES},
             "head_reads_logged": sum(len(times) for times, _ in poller.logs.values()),
         }
         _write_results(spec, send_ns, ack_ns, notes)
@@ -389,25 +373,14 @@ def child_ours(spec: ChildSpec, stop: threading.Event, sent_log: LedgerWriter) -
         spool.close(timeout=1.0)
 
 
-def anchor_config(bootstrap: str, errors: list[str]) -> dict[str, Any]:
-    """The sender's producer settings, plus murmur2_random, the Java-compatible partitioner."""
-
-    def on_error(error: Any) -> None:
-        errors.append(str(error))
-
-    return {
-        **sender_producer_config(bootstrap),
-        "partitioner": "murmur2_random",
-        "error_cb": on_error,
-    }
-
-
 def child_anchor(
     spec: ChildSpec, stop: threading.Event, sent_log: LedgerWriter, delivered_log: LedgerWriter
 ) -> None:
     errors: list[str] = []
     client_started = time.monotonic_ns()
-    producer: Any = confluent_kafka.Producer(anchor_config(spec.bootstrap, errors))
+    producer: Any = confluent_kafka.Producer(
+        anchor_config(spec.bootstrap, lambda error: errors.append(str(error)))
+    )
     produce = producer.produce
     poll = producer.poll
     topic = spec.topic
@@ -484,14 +457,11 @@ def child_main(argv: Sequence[str]) -> int:
     spec = ChildSpec(**json.loads(argv[0]))
     stop = threading.Event()
     threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
-    sent_log = LedgerWriter(Path(spec.ledgers) / "sent.ids")
-    delivered_log = LedgerWriter(Path(spec.ledgers) / "delivered.ids")
+    sent_log, delivered_log = (LedgerWriter(Path(spec.ledgers) / f"{log}.ids") for log in LOGS)
     if spec.side == "ours":
         child_ours(spec, stop, sent_log)
-    elif spec.side == "anchor":
-        child_anchor(spec, stop, sent_log, delivered_log)
     else:
-        raise SystemExit(f"unknown side {spec.side!r}")
+        child_anchor(spec, stop, sent_log, delivered_log)
     return 0
 
 
@@ -612,75 +582,6 @@ class KillFigures:
     backlog_at_restart: int | None
 
 
-class Child:
-    """One side's child process: started, ready after its warm-up, then stopped or killed."""
-
-    def __init__(self, spec: ChildSpec, stderr_path: Path) -> None:
-        self.spec = spec
-        self.stderr_path = stderr_path
-        with stderr_path.open("wb") as stderr:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    os.fspath(Path(__file__).resolve()),
-                    CHILD_COMMAND,
-                    json.dumps(asdict(spec)),
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-            )
-
-    def wait_ready(self) -> int:
-        """Wait for the end of the child's warm-up; when it created its client (ns)."""
-        stdout: IO[str] | None = self.process.stdout
-        assert stdout is not None
-        word, _, stamp = stdout.readline().partition(" ")
-        if word != "ready":
-            self.process.kill()
-            self.process.wait()
-            raise RuntimeError(f"{self.spec.side} child did not start: {self.stderr_tail()}")
-        return int(stamp)
-
-    def stop(self) -> None:
-        stdin: IO[str] | None = self.process.stdin
-        assert stdin is not None
-        stdin.write("stop\n")
-        stdin.close()
-        try:
-            code = self.process.wait(FLUSH_TIMEOUT_S + 30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise RuntimeError(f"{self.spec.side} child did not finish") from None
-        self._close_pipes()
-        if code != 0:
-            raise RuntimeError(f"{self.spec.side} child failed ({code}): {self.stderr_tail()}")
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-        code = self.process.wait()
-        self._close_pipes()
-        if code != -signal.SIGKILL:
-            raise RuntimeError(f"{self.spec.side} child ended before its kill ({code})")
-
-    def abandon(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        self._close_pipes()
-
-    def _close_pipes(self) -> None:
-        for pipe in (self.process.stdin, self.process.stdout):
-            if pipe is not None and not pipe.closed:
-                pipe.close()
-
-    def stderr_tail(self) -> str:
-        return self.stderr_path.read_text(errors="replace")[-3000:]
-
-
 def sleep_until(deadline_ns: int) -> None:
     wait = (deadline_ns - time.monotonic_ns()) / 1e9
     if wait > 0:
@@ -695,82 +596,90 @@ def down_at(earliest_ns: int, client_started_ns: int, phase: float) -> int:
     return client_started_ns + offset + max(0, seconds) * CLIENT_TIMER_NS
 
 
-def apply_faults(
-    cluster: MockCluster,
-    topic: str,
-    phases: Phases,
-    *,
-    client_started_ns: int,
-    phase: float,
-    at_peak: Callable[[], int | None] = lambda: None,
-) -> FaultTimes:
-    """The fault schedule, from now: the broker's loss at `phase` of the client's 1 s
-    timer, once two steady phases have passed; `at_peak` runs `phases.kill_after_down_s`
-    into the outage."""
-    started = time.monotonic_ns()
-    steady = round(phases.steady_s * 1e9)
-    planned_down = down_at(started + 2 * steady, client_started_ns, phase)
-    sleep_until(planned_down - steady)
-    moved = time.monotonic_ns()
-    for partition in range(PARTITIONS):
-        cluster.set_leader(topic, partition, moved_leader(partition))
-    sleep_until(planned_down)
-    down = time.monotonic_ns()
-    cluster.broker_down(DOWN_BROKER)
-    for partition, leader in outage_leaders(DOWN_BROKER).items():
-        cluster.set_leader(topic, partition, leader)
-    sleep_until(down + round(phases.kill_after_down_s * 1e9))
-    killed = at_peak()
-    sleep_until(down + round(phases.outage_s * 1e9))
-    cluster.broker_up(DOWN_BROKER)
-    up = time.monotonic_ns()
-    return FaultTimes(started, moved, down, up, client_started_ns, killed)
+@dataclass(slots=True)
+class FaultedRun:
+    """One side's child on a fresh cluster and topic, ready, with the faults to apply."""
+
+    cluster: MockCluster
+    spec: ChildSpec
+    child: Child
+    phases: Phases
+    phase: float
+
+    def apply_faults(self, at_peak: Callable[[], int | None] = lambda: None) -> FaultTimes:
+        """The fault schedule, from now: the broker's loss at `phase` of the client's 1 s
+        timer, once two steady phases have passed; `at_peak` runs
+        `phases.kill_after_down_s` into the outage."""
+        word, _, stamp = self.child.read_line().partition(" ")
+        if word != "ready":
+            raise RuntimeError(f"{self.child.name} did not start: {self.child.stderr_tail()}")
+        client_started_ns = int(stamp)
+        cluster, topic, phases = self.cluster, self.spec.topic, self.phases
+        started = time.monotonic_ns()
+        steady = round(phases.steady_s * 1e9)
+        planned_down = down_at(started + 2 * steady, client_started_ns, self.phase)
+        sleep_until(planned_down - steady)
+        moved = time.monotonic_ns()
+        for partition in range(PARTITIONS):
+            cluster.set_leader(topic, partition, moved_leader(partition))
+        sleep_until(planned_down)
+        down = time.monotonic_ns()
+        cluster.broker_down(DOWN_BROKER)
+        for partition, leader in outage_leaders(DOWN_BROKER).items():
+            cluster.set_leader(topic, partition, leader)
+        sleep_until(down + round(phases.kill_after_down_s * 1e9))
+        killed = at_peak()
+        sleep_until(down + round(phases.outage_s * 1e9))
+        cluster.broker_up(DOWN_BROKER)
+        return FaultTimes(started, moved, down, time.monotonic_ns(), client_started_ns, killed)
 
 
-def make_spec(side: str, bootstrap: str, topic: str, directory: Path, rate: int) -> ChildSpec:
+@contextmanager
+def faulted_run(
+    name: str, side: str, session: Session, phases: Phases, *, rate: int, phase: float
+) -> Iterator[FaultedRun]:
+    """Start `side`'s child on a fresh cluster; both end with the block."""
+    topic = f"bench-failover-{name}"
+    directory = session.scratch / name
     directory.mkdir(parents=True)
-    return ChildSpec(
-        side=side,
-        bootstrap=bootstrap,
-        topic=topic,
-        directory=os.fspath(directory / "spool"),
-        rate=rate,
-        ledgers=os.fspath(directory),
-        out=os.fspath(directory / "result"),
-    )
-
-
-def create_topic(cluster: MockCluster, topic: str) -> None:
-    cluster.create_topic(topic, PARTITIONS, REPLICATION)
-    for partition in range(PARTITIONS):
-        cluster.set_leader(topic, partition, initial_leader(partition))
+    with session.cluster(name, BROKERS) as cluster:
+        cluster.create_topic(topic, PARTITIONS, REPLICATION)
+        for partition in range(PARTITIONS):
+            cluster.set_leader(topic, partition, initial_leader(partition))
+        spec = ChildSpec(
+            side=side,
+            bootstrap=cluster.bootstrap_servers,
+            topic=topic,
+            directory=os.fspath(directory / "spool"),
+            rate=rate,
+            ledgers=os.fspath(directory),
+            out=os.fspath(directory / "result"),
+        )
+        child = Child.of_script(
+            f"{side} child",
+            __file__,
+            [json.dumps(asdict(spec))],
+            directory / "child.stderr",
+            piped=True,
+        )
+        try:
+            yield FaultedRun(cluster, spec, child.start(), phases, phase)
+        finally:
+            child.terminate()
 
 
 def measure(
     side: str, repetition: int, session: Session, phases: Phases, *, rate: int, phase: float
 ) -> tuple[RunFigures, list[int]]:
     """One measured run of `side`; its figures and its warm-up partition counts."""
-    name = f"{side}-{repetition}"
-    topic = f"bench-failover-{name}"
-    scratch = session.scratch
-    with session.cluster(name, BROKERS) as cluster:
-        create_topic(cluster, topic)
-        spec = make_spec(side, cluster.bootstrap_servers, topic, scratch / name, rate)
-        child = Child(spec, scratch / name / "child.stderr")
-        try:
-            client_started = child.wait_ready()
-            faults = apply_faults(
-                cluster, topic, phases, client_started_ns=client_started, phase=phase
-            )
-            sleep_until(faults.up + round(phases.tail_s * 1e9))
-            child.stop()
-        finally:
-            child.abandon()
-    raw = Path(spec.out + ".bin").read_bytes()
+    with faulted_run(f"{side}-{repetition}", side, session, phases, rate=rate, phase=phase) as run:
+        faults = run.apply_faults()
+        sleep_until(faults.up + round(phases.tail_s * 1e9))
+        run.child.stop(FLUSH_TIMEOUT_S + 30)
     values = array("q")
-    values.frombytes(raw)
+    values.frombytes(Path(run.spec.out + ".bin").read_bytes())
     count = len(values) // 2
-    notes = json.loads(Path(spec.out + ".json").read_text(encoding="utf-8"))
+    notes = json.loads(Path(run.spec.out + ".json").read_text(encoding="utf-8"))
     result = run_figures(
         side, repetition, send_ns=values[:count], ack_ns=values[count:], faults=faults, notes=notes
     )
@@ -795,64 +704,53 @@ def kill_run(
     """SIGKILL `side` in mid-outage (`Phases.kill_after_down_s`); what of its acknowledged
     events is not in the topic."""
     name = f"{side}-kill-{repetition}"
-    topic = f"bench-failover-{name}"
+    restarted: list[Spool] = []
     backlog: int | None = None
-    scratch = session.scratch
-    with session.cluster(name, BROKERS) as cluster:
-        bootstrap = cluster.bootstrap_servers
-        create_topic(cluster, topic)
-        spec = make_spec(side, bootstrap, topic, scratch / name, rate)
-        child = Child(spec, scratch / name / "child.stderr")
-        restarted: list[Spool] = []
+    with faulted_run(name, side, session, phases, rate=rate, phase=phase) as run:
+        spec = run.spec
 
         def kill() -> int:
             nonlocal backlog
-            child.kill()
+            run.child.kill()
             killed = time.monotonic_ns()
             if side == "ours":  # restarted at once, as a supervisor would
-                spool = Spool(spec.directory, bootstrap)
-                restarted.append(spool)
-                backlog = spool.unacknowledged()
+                restarted.append(Spool(spec.directory, spec.bootstrap))
+                backlog = restarted[0].unacknowledged()
             return killed
 
         try:
-            client_started = child.wait_ready()
-            faults = apply_faults(
-                cluster, topic, phases, client_started_ns=client_started, phase=phase, at_peak=kill
-            )
-            if restarted:
-                spool = restarted[0]
+            faults = run.apply_faults(at_peak=kill)
+            for spool in restarted:
                 left = spool.flush(FLUSH_TIMEOUT_S)
                 spool.close()
                 if left:
                     raise RuntimeError(f"{left} spooled events not acknowledged after restart")
         finally:
-            child.abandon()
             for spool in restarted:
                 spool.close(timeout=1.0)
         time.sleep(SETTLE_S)
-        starts = log_start_offsets(bootstrap, topic)
+        starts = log_start_offsets(spec.bootstrap, spec.topic)
         if any(starts):
-            raise RuntimeError(f"the mock dropped the oldest records of {topic}: {starts}")
-        seen = drain(bootstrap, [topic], CONSUME_TIMEOUT_S)
-    sent, delivered = (
-        LedgerReader(Path(spec.ledgers), f"{log}.ids") for log in ("sent", "delivered")
-    )
-    sent.poll()
-    delivered.poll()
-    book = ledger(sent.ids(topic), seen)
-    delivered_book = ledger(delivered.ids(topic), seen) if side == "anchor" else None
+            raise RuntimeError(f"the mock dropped the oldest records of {spec.topic}: {starts}")
+        seen = drain(spec.bootstrap, [spec.topic], CONSUME_TIMEOUT_S)
+    books = []
+    for log in LOGS:
+        reader = LedgerReader(Path(spec.ledgers), f"{log}.ids")
+        reader.poll()
+        books.append(ledger(reader.ids(spec.topic), seen))
+    sent, delivered = books
+    anchor = side == "anchor"
     assert faults.killed is not None
     return KillFigures(
         side=side,
         repetition=repetition,
         down_phase_s=round(faults.down_phase_s, 3),
         kill_after_down_s=round((faults.killed - faults.down) / 1e9, 3),
-        acknowledged=book.sent,
-        lost=book.lost,
-        duplicated=book.duplicated,
-        delivery_acknowledged=None if delivered_book is None else delivered_book.sent,
-        delivery_acknowledged_lost=None if delivered_book is None else delivered_book.lost,
+        acknowledged=sent.sent,
+        lost=sent.lost,
+        duplicated=sent.duplicated,
+        delivery_acknowledged=delivered.sent if anchor else None,
+        delivery_acknowledged_lost=delivered.lost if anchor else None,
         found_in_topic=sum(seen.values()),
         backlog_at_restart=backlog,
     )
@@ -860,22 +758,28 @@ def kill_run(
 
 # ---- summary ------------------------------------------------------------------------
 
+# A side's summary over its runs: key, RunFigures field, digits (None: as it is).
+_RUN_MEDIANS = (
+    ("recovery_s", "recovery_s", 4),
+    ("p50_ack_ms", "p50_ms", 3),
+    ("p99_ack_ms", "p99_ms", 3),
+    ("max_ack_ms", "max_ms", 3),
+    ("backlog_at_up", "backlog_at_up", None),
+    ("outage_stall_s", "outage_stall_s", 4),
+    ("leader_move_settle_s", "move_settle_s", 4),
+    ("broker_down_settle_s", "down_settle_s", 4),
+    ("events", "events", None),
+)
+
 
 def side_summary(runs: Sequence[RunFigures]) -> dict[str, float | int]:
     if not runs:
         raise ValueError("no runs to summarise")
-    return {
-        "runs": len(runs),
-        "recovery_s": round(median(r.recovery_s for r in runs), 4),
-        "p50_ack_ms": round(median(r.p50_ms for r in runs), 3),
-        "p99_ack_ms": round(median(r.p99_ms for r in runs), 3),
-        "max_ack_ms": round(median(r.max_ms for r in runs), 3),
-        "backlog_at_up": median(r.backlog_at_up for r in runs),
-        "outage_stall_s": round(median(r.outage_stall_s for r in runs), 4),
-        "leader_move_settle_s": round(median(r.move_settle_s for r in runs), 4),
-        "broker_down_settle_s": round(median(r.down_settle_s for r in runs), 4),
-        "events": median(r.events for r in runs),
-    }
+    summary: dict[str, float | int] = {"runs": len(runs)}
+    for key, name, digits in _RUN_MEDIANS:
+        value = median(getattr(run, name) for run in runs)
+        summary[key] = value if digits is None else round(value, digits)
+    return summary
 
 
 def kill_summary(kills: Sequence[KillFigures]) -> dict[str, float | int | None]:
@@ -910,7 +814,6 @@ def build_result(
     summaries = {side: side_summary([r for r in runs if r.side == side]) for side in SIDES}
     kill_summaries = {side: kill_summary([k for k in kills if k.side == side]) for side in SIDES}
     ours, anchor = summaries["ours"], summaries["anchor"]
-    ours_kill, anchor_kill = kill_summaries["ours"], kill_summaries["anchor"]
     by_rep = {(r.side, r.repetition): r for r in runs}
     paired = [
         safe_ratio(by_rep[("anchor", rep)].recovery_s, by_rep[("ours", rep)].recovery_s)
@@ -918,67 +821,63 @@ def build_result(
         if side == "ours" and ("anchor", rep) in by_rep
     ]
     paired_known = [p for p in paired if p is not None]
-    headline = figure(
-        FIGURE,
-        ours["recovery_s"],
-        anchor["recovery_s"],
-        unit="s",
-        title="From a failed broker's return until every event sent is acknowledged",
-        anchor_is="a bare idempotent Producer with the sender's settings",
-        higher_is_better=False,
-    )
-    p99 = figure(
-        "failover_p99_send_to_ack_ms",
-        ours["p99_ack_ms"],
-        anchor["p99_ack_ms"],
-        unit="ms",
-        title="p99 send to acknowledgement through leader moves and a broker outage",
-        anchor_is="the same producer",
-        higher_is_better=False,
-    )
-    stall = figure(
-        "failover_outage_stall_s",
-        ours["outage_stall_s"],
-        anchor["outage_stall_s"],
-        unit="s",
-        title="Longest send-to-acknowledgement wait of an event sent while a broker was down",
-        anchor_is="the same producer",
-        higher_is_better=False,
-    )
-    ours_lost = float(ours_kill["lost"] or 0)
-    anchor_lost = float(anchor_kill["lost"] or 0)
+    # Seconds that can be a few milliseconds: a rerun may move each ratio a lot.
+    timed = [
+        figure(
+            name,
+            ours[key],
+            anchor[key],
+            unit=unit,
+            title=title,
+            anchor_is=anchor_is,
+            higher_is_better=False,
+        )
+        | {"tolerance": 1.0}
+        for name, key, unit, title, anchor_is in (
+            (
+                FIGURE,
+                "recovery_s",
+                "s",
+                "From a failed broker's return until every event sent is acknowledged",
+                "a bare idempotent Producer with the sender's settings",
+            ),
+            (
+                "failover_p99_send_to_ack_ms",
+                "p99_ack_ms",
+                "ms",
+                "p99 send to acknowledgement through leader moves and a broker outage",
+                "the same producer",
+            ),
+            (
+                "failover_outage_stall_s",
+                "outage_stall_s",
+                "s",
+                "Longest send-to-acknowledgement wait of an event sent while a broker was down",
+                "the same producer",
+            ),
+        )
+    ]
+    lost_by_side = {side: float(kill_summaries[side]["lost"] or 0) for side in SIDES}
+    delivery_lost = kill_summaries["anchor"]["delivery_acknowledged_lost"]
     lost = lost_figure(
         "failover_sigkill_acknowledged_events_lost_per_kill",
-        ours_lost,
-        anchor_lost,
+        lost_by_side["ours"],
+        lost_by_side["anchor"],
         title=f"Acknowledged events lost to a SIGKILL {phases.kill_after_down_s:g} s into "
         f"a {phases.outage_s:g} s broker outage (median)",
         anchor_is="a bare Producer: produce() returned",
-    ) | {"anchor_delivery_acknowledged_lost": anchor_kill["delivery_acknowledged_lost"]}
+    ) | {"anchor_delivery_acknowledged_lost": delivery_lost}
     return {
-        "figure": headline["figure"],
-        "ours": headline["ours"],
-        "anchor": headline["anchor"],
-        "ratio": headline["ratio"],
-        "unit": "s",
-        "higher_is_better": False,
-        "title": headline["title"],
-        "anchor_is": headline["anchor_is"],
+        **timed[0],
         "description": "seconds from broker 3's return until every event sent before it is "
         "acknowledged, median over runs; ratio = anchor / ours",
-        # Seconds that can be a few milliseconds: a rerun may move the ratio a lot.
-        "tolerance": 1.0,
-        "figures": [
-            {**p99, "tolerance": 1.0},
-            {**stall, "tolerance": 1.0},
-            lost,
-        ],
+        "figures": [*timed[1:], lost],
         "recovery_s": {"ours": ours["recovery_s"], "anchor": anchor["recovery_s"]},
         "p99_ack_ms": {"ours": ours["p99_ack_ms"], "anchor": anchor["p99_ack_ms"]},
         "lost_per_kill": {
-            "ours_send_returned": ours_lost,
-            "anchor_produce_returned": anchor_lost,
-            "anchor_delivery_acknowledged": anchor_kill["delivery_acknowledged_lost"],
+            "ours_send_returned": lost_by_side["ours"],
+            "anchor_produce_returned": lost_by_side["anchor"],
+            "anchor_delivery_acknowledged": delivery_lost,
         },
         "ratio_paired_median": round(median(paired_known), 4) if paired_known else None,
         "sides": summaries,
@@ -990,25 +889,14 @@ def build_result(
         "partitions": PARTITIONS,
         "settings": settings_description(phases, rate),
         "method": {
-            "recovery": "from broker_up returning until the last event sent before it is "
-            "acknowledged (ours: its ring's head_seq past it; anchor: its delivery report)",
             "ack_time_ours": f"a child thread reads every ring's head_seq each "
             f"{HEAD_POLL_S * 1000:g} ms and logs changes with the time read; an event's "
             "acknowledgement is the first read past its ring sequence (a late read counts "
             "against ours)",
             "ack_time_anchor": "its delivery callback, run by poll() (the child waits in "
             "poll() between bursts)",
-            "p99": "over every event sent after the warm-up, faults included; median over runs",
-            "outage_stall": "the longest send-to-acknowledgement wait of an event sent "
-            "between broker_down and broker_up",
-            "down_phase": "broker 3 goes down (r + 0.5) / N s past a whole second of the "
-            "client's life in repetition r of N (librdkafka re-queries leaders on a 1 s timer "
-            "from the client's creation); the actual phase of each run is in runs/kills",
             "settle": "leader_move_settle_s / broker_down_settle_s: from just before the "
             "fault until the last event sent before it is acknowledged",
-            "lost": "acknowledged ids recorded by the child in a memory-mapped file, compared "
-            "by event_id with every partition read to its end after the kill (and, for ours, "
-            "after a restart on the same spool directory flushed to 0)",
             "median_over": "runs (kills); ours and the anchor alternate, each on a fresh mock "
             "cluster and topic",
         },
@@ -1021,8 +909,8 @@ def build_result(
 
 def settings_description(phases: Phases, rate: int) -> dict[str, object]:
     sender = SenderSettings()
-    spool = SpoolSettings()
-    anchor = {k: v for k, v in anchor_config("BOOTSTRAP", []).items() if not callable(v)}
+    queue = SpoolSettings().queue
+    anchor = {k: v for k, v in anchor_config("BOOTSTRAP", print).items() if not callable(v)}
     return {
         "rate_events_per_s": rate,
         "burst_every_ms": BURST_S * 1000,
@@ -1048,9 +936,9 @@ def settings_description(phases: Phases, rate: int) -> dict[str, object]:
         },
         "anchor_producer": anchor,
         "spool": {
-            "durability": spool.queue.durability.value,
-            "capacity_bytes_per_ring": spool.queue.capacity_bytes,
-            "full_policy": spool.queue.full_policy.value,
+            "durability": queue.durability.value,
+            "capacity_bytes_per_ring": queue.capacity_bytes,
+            "full_policy": queue.full_policy.value,
             "sender": "default SenderSettings",
             "linger_ms": sender.linger_ms,
             "batch_size": sender.batch_size,
@@ -1131,9 +1019,8 @@ def run(args: BenchArgs) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == [CHILD_COMMAND]:
-        return child_main(arguments[1:])
+    if (child_argv := child_arguments(argv)) is not None:
+        return child_main(child_argv)
 
     def extra(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -1155,7 +1042,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(
         "Broker failover: recovery, send-to-ack p99 and SIGKILL loss, Spool vs a Producer "
         f"(--repeats: runs per side, default {FULL_RUNS}, {QUICK_RUNS} with --quick)",
-        arguments,
+        argv,
         extra,
     )
     ns = args.namespace

@@ -43,12 +43,9 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
-import subprocess
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -60,9 +57,10 @@ from eventspool.envelope import EventIdGenerator
 from eventspool.errors import SpoolFullError
 from eventspool.pipeline import Spool
 from eventspool.testing.ledger import LedgerReader, LedgerWriter, committed_lines
-from eventspool.verify import consume_topic, ledger
+from eventspool.verify import consume_topic
+from harness.child import Child, child_arguments
 from harness.cli import BenchArgs, parse_args
-from harness.ledger import delivered_fraction, lost_figure
+from harness.ledger import Tally, lost_figure, summary, tally
 from harness.output import emit_result, print_table, progress
 from harness.runs import median, safe_ratio
 from harness.session import Session
@@ -80,7 +78,6 @@ READY_TIMEOUT_S = 60.0
 SETTLE_S = 0.5
 FLUSH_TIMEOUT_S = 300.0
 CONSUME_TIMEOUT_S = 300.0
-CHILD_COMMAND = "_child"
 _PADDING = b"." * (PAYLOAD_BYTES - 12)
 _POLL_EVERY = 1000
 _FULL_RETRY_S = 0.001
@@ -104,19 +101,24 @@ def producer_config(bootstrap: str) -> dict[str, object]:
     }
 
 
-def warm_up(producer: Any, acked: Callable[[str], None], ids: EventIdGenerator, topic: str) -> None:
-    """Deliver event 0 and wait for it, so the measured loop starts connected (a bare
-    idempotent producer's first delivery takes about 0.5 s here)."""
-    event_id = ids.next_id()
+def deliver_one(producer: Any, topic: str, value: bytes, event_id: str) -> None:
+    """Produce one event and wait for its delivery report."""
     failures: list[object] = []
 
     def on_delivery(error: Any, _message: Any) -> None:
         if error is not None:
             failures.append(error)
 
-    producer.produce(topic, value_of(0), headers=[("event_id", event_id)], on_delivery=on_delivery)
+    producer.produce(topic, value, headers=[("event_id", event_id)], on_delivery=on_delivery)
     if producer.flush(READY_TIMEOUT_S) or failures:
-        raise RuntimeError(f"the first event was not delivered: {failures}")
+        raise RuntimeError(f"{topic}: event {event_id} not delivered: {failures}")
+
+
+def warm_up(producer: Any, acked: Callable[[str], None], ids: EventIdGenerator, topic: str) -> None:
+    """Deliver event 0 and wait for it, so the measured loop starts connected (a bare
+    idempotent producer's first delivery takes about 0.5 s here)."""
+    event_id = ids.next_id()
+    deliver_one(producer, topic, value_of(0), event_id)
     acked(event_id)
 
 
@@ -220,68 +222,21 @@ def child_main(argv: Sequence[str]) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class KillLedger:
-    """What one SIGKILLed child had acknowledged and what of it reached the topic."""
+class KillLedger(Tally):
+    """What one SIGKILLed child of a lane had acknowledged and what of it reached the topic."""
 
     lane: str
     repetition: int
     kill_after_s: float
-    acknowledged: int
-    delivered: int
-    lost: int
-    duplicated: int
-    unacknowledged_delivered: int
     rate: float
     backlog_at_reopen: int | None = None
 
-    @property
-    def delivered_fraction(self) -> float:
-        return delivered_fraction(self.delivered, self.acknowledged)
-
-
-def kill_ledger(
-    lane: str,
-    repetition: int,
-    *,
-    acknowledged: Collection[str],
-    seen: Counter[str],
-    marker: str,
-    kill_after_s: float,
-    rate: float,
-    backlog_at_reopen: int | None = None,
-) -> KillLedger:
-    """Compare the acknowledged ids with the ids found in the topic (`seen`, marker included)."""
-    book = ledger(acknowledged, seen)
-    acked = set(acknowledged)
-    extra = sum(1 for event_id in seen if event_id != marker and event_id not in acked)
-    return KillLedger(
-        lane=lane,
-        repetition=repetition,
-        kill_after_s=round(kill_after_s, 3),
-        acknowledged=book.sent,
-        delivered=book.delivered,
-        lost=book.lost,
-        duplicated=book.duplicated,
-        unacknowledged_delivered=extra,
-        rate=round(rate, 1),
-        backlog_at_reopen=backlog_at_reopen,
-    )
-
 
 def lane_summary(ledgers: Sequence[KillLedger]) -> dict[str, float | int | None]:
-    """Medians over the kills of one lane, plus the worst loss and the worst fraction."""
-    if not ledgers:
-        raise ValueError("no kills to summarise")
+    """`harness.ledger.summary` over the kills of one lane, plus its rate and backlog."""
     backlogs = [k.backlog_at_reopen for k in ledgers if k.backlog_at_reopen is not None]
     return {
-        "kills": len(ledgers),
-        "acknowledged": median(k.acknowledged for k in ledgers),
-        "delivered_fraction": round(median(k.delivered_fraction for k in ledgers), 6),
-        "delivered_fraction_min": round(min(k.delivered_fraction for k in ledgers), 6),
-        "lost": median(k.lost for k in ledgers),
-        "lost_max": max(k.lost for k in ledgers),
-        "duplicated": median(k.duplicated for k in ledgers),
-        "unacknowledged_delivered": median(k.unacknowledged_delivered for k in ledgers),
+        **summary(ledgers),
         "rate": round(median(k.rate for k in ledgers), 1),
         "backlog_at_reopen": median(backlogs) if backlogs else None,
     }
@@ -351,19 +306,12 @@ class Killed:
 def run_and_kill(lane: str, bootstrap: str, topic: str, scratch: Path, delay_s: float) -> Killed:
     """Start the lane's child, SIGKILL it `delay_s` after its first acknowledgement."""
     ledger_path = scratch / f"{lane}.ids"
-    stderr_path = scratch / f"{lane}.stderr"
-    command = [CHILD_COMMAND, lane, os.fspath(ledger_path), bootstrap, topic]
-    with stderr_path.open("wb") as stderr:
-        child = subprocess.Popen(
-            [sys.executable, os.fspath(Path(__file__).resolve()), *command, str(scratch / "spool")],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
+    args = [lane, os.fspath(ledger_path), bootstrap, topic, str(scratch / "spool")]
+    child = Child.of_script(f"{lane} child", __file__, args, scratch / f"{lane}.stderr").start()
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not (first := committed_lines(ledger_path)):
-            if child.poll() is not None or time.monotonic() > deadline:
+            if not child.alive() or time.monotonic() > deadline:
                 break
             time.sleep(0.001)
         started = time.perf_counter()
@@ -372,12 +320,9 @@ def run_and_kill(lane: str, bootstrap: str, topic: str, scratch: Path, delay_s: 
         last = committed_lines(ledger_path)
         window = time.perf_counter() - started
     finally:
-        if child.poll() is None:
-            os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-    if child.returncode != -signal.SIGKILL or not first:
-        tail = stderr_path.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"{lane} child ended before its kill ({child.returncode}): {tail}")
+        child.kill()
+    if not first:
+        raise RuntimeError(f"{lane} child acknowledged nothing: {child.stderr_tail()}")
     acknowledged = LedgerReader(scratch, ledger_path.name)
     acknowledged.poll()
     return Killed(acknowledged.ids(topic), window, (last - first) / window)
@@ -396,16 +341,7 @@ def drain_spool(directory: Path, bootstrap: str) -> int:
 def write_marker(bootstrap: str, topic: str) -> str:
     """Append one event after everything the child's lane will ever put in `topic`."""
     marker = EventIdGenerator().next_id()
-    failures: list[object] = []
-
-    def on_delivery(error: Any, _message: Any) -> None:
-        if error is not None:
-            failures.append(error)
-
-    producer: Any = confluent_kafka.Producer(producer_config(bootstrap))
-    producer.produce(topic, b"marker", headers=[("event_id", marker)], on_delivery=on_delivery)
-    if producer.flush(60) or failures:
-        raise RuntimeError(f"marker for {topic} not delivered: {failures}")
+    deliver_one(confluent_kafka.Producer(producer_config(bootstrap)), topic, b"marker", marker)
     return marker
 
 
@@ -421,14 +357,12 @@ def one_kill(
     time.sleep(SETTLE_S)
     marker = write_marker(bootstrap, topic)
     seen = consume_topic(bootstrap, topic, marker, CONSUME_TIMEOUT_S)
-    return kill_ledger(
-        lane,
-        repetition,
-        acknowledged=killed.acknowledged,
-        seen=seen,
-        marker=marker,
-        kill_after_s=killed.kill_after_s,
-        rate=killed.rate,
+    return KillLedger(
+        **asdict(tally(killed.acknowledged, seen, ignore={marker})),
+        lane=lane,
+        repetition=repetition,
+        kill_after_s=round(killed.kill_after_s, 3),
+        rate=round(killed.rate, 1),
         backlog_at_reopen=backlog,
     )
 
@@ -536,11 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         parser.add_argument("--seed", type=int, default=None, help="seed of the kill delays")
 
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == [CHILD_COMMAND]:
-        return child_main(arguments[1:])
+    if (child_argv := child_arguments(argv)) is not None:
+        return child_main(child_argv)
     args = parse_args(
-        "Acknowledged events lost to a SIGKILL: Spool.send() vs a bare Producer", arguments, extra
+        "Acknowledged events lost to a SIGKILL: Spool.send() vs a bare Producer", argv, extra
     )
     if args.namespace.wait_batch < 2:
         raise SystemExit("--wait-batch must be at least 2 (the lane waiting for each runs anyway)")

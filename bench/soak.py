@@ -3,11 +3,11 @@ ending with a ledger of every acknowledged event.
 
 What runs, all of it real processes on this machine:
 
-* tansu (in memory) behind a `FaultProxy`; it advertises the proxy, so every client
-  (the agent's sender, the consumer, the anchor) reaches it only through the proxy.
-* `eventspool agent` (agent.toml, per-topic settings below) with its spool directory on
-  a 48 MiB tmpfs mounted for the run. Without permission to mount, the spool goes to a
-  temporary directory and the disk-full fault is reported as skipped, with the reason.
+* tansu (in memory) behind a `FaultProxy` it advertises, so every client reaches it
+  only through the proxy.
+* `eventspool agent` with its spool directory on a 48 MiB tmpfs mounted for the run
+  (without permission to mount: a temporary directory, and the disk-full fault is
+  reported as skipped, with the reason).
 * three producer processes, never killed: a blocking `Client` shared by 4 threads
   (300 events/s), an `AsyncClient` (300 events/s) and HTTP on the same socket
   (150 events/s, POSTs of 1-8 events). 100-byte JSON-like values, 70% keyed over 1,000
@@ -15,46 +15,39 @@ What runs, all of it real processes on this machine:
 * a `Consumer` process over the five topics with 2 worker processes; its handler
   appends each event id to a ledger file of its worker.
 * the anchor: a bare `confluent_kafka.Producer` process with the sender's own producer
-  settings (idempotent, acks=all, lz4, linger 5 ms), sending the same kind of events at
-  300 events/s to its own topic through the same proxy, SIGKILLed and restarted
-  whenever the agent is. "Acknowledged", for it, is produce() having returned.
+  settings, sending the same kind of events at 300 events/s to its own topic through
+  the same proxy, SIGKILLed and restarted whenever the agent is. "Acknowledged", for it,
+  is produce() having returned.
 
 Topics (4 partitions each; durability, full policy, queue size per partition):
 orders process/reject 64 KiB, payments fsync/block 64 KiB (1 s), clicks process/block
 1 MiB (1 s), audit fsync/reject 1 MiB, archive process/reject 1 MiB; fanout -> audit,
 archive. The small queues fill during a long broker cut, so `reject` and `block` act.
 
-Faults, drawn from a seeded shuffle of the four kinds (so every kind comes once per
-cycle), with random gaps of 4-12 s between them:
+Faults, drawn from a seeded shuffle of the four kinds (every kind once per cycle), with
+random gaps of 4-12 s between them (runs under 90 s, such as --quick's 40 s, use
+shorter faults and gaps):
 
-* broker_cut: the proxy closes every connection and refuses new ones for 2-10 s; in
-  half of the cuts the agent is killed too (an agent_kill of its own in the list), the
-  one moment a kill finds a backlog that only the spool holds;
+* broker_cut: the proxy refuses every connection for 2-10 s; in half of the cuts the
+  agent is killed too, the one moment a kill finds a backlog only the spool holds;
 * agent_kill: SIGKILL of the agent (and of the anchor), restart on the same spool
   directory and socket; the duration is until the agent answers a PING again;
 * worker_kill: SIGKILL of one of the consumer's worker processes;
-* disk_full: a ballast file leaves 16 KiB free on the spool's disk for 3-8 s. While it
-  is there, one event is sent to an existing topic (its queue is preallocated: it must
-  be accepted) and one to a new topic (it needs a new queue file: it must be refused).
-
-Runs under 90 s (--quick is 40 s) use shorter faults and gaps, so each kind fits in.
+* disk_full: a ballast file leaves 16 KiB free on the spool's disk for 3-8 s, while one
+  event is sent to an existing topic (its queue is preallocated: it must be accepted)
+  and one to a new topic (it needs a new queue file: it must be refused).
 
 At the end the producers stop, everything is restored, the agent's spool drains, every
-topic is read from the earliest offset to its end, and the consumer is given time to
-handle everything. The ledgers, compared by event id:
+topic is read to its end and the consumer is given time to handle everything. The
+ledgers, compared by event id: `ledger`, what the producers had acknowledged against
+what is in Kafka (lost, duplicates, unacknowledged but delivered); `consumer_ledger`,
+what is in Kafka against what a handler ran for; `anchor_ledger`, the anchor's
+acknowledged events against its topic.
 
-* ledger: every (topic, event id) a producer had acknowledged, against what is in
-  Kafka: lost (acknowledged, not in Kafka), duplicates, unacknowledged but delivered;
-* consumer_ledger: every event in Kafka against what a handler ran for;
-* anchor_ledger: the anchor's acknowledged events against its topic.
-
-Figure: the fraction of acknowledged events found in Kafka, ours (eventspool) against
-the anchor's, from the same run; ratio = ours / anchor, above 1 when eventspool keeps
-more of what it acknowledged. A soak is one long run, not repetitions: --repeats does
-not apply. The exit status is 1 when eventspool lost an acknowledged event (to Kafka or
-to the consumer), and stderr says so.
-
-The LAST line on stdout is one JSON object; progress goes to stderr every ~10 s.
+Figure: the fraction of acknowledged events found in Kafka, ours against the anchor's,
+from the same run; ratio = ours / anchor. A soak is one long run: --repeats does not
+apply. The exit status is 1 when eventspool lost an acknowledged event (to Kafka or to
+the consumer).
 """
 
 from __future__ import annotations
@@ -66,7 +59,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -108,12 +100,13 @@ from eventspool.testing.broker import ProxiedBroker
 from eventspool.testing.disk import DiskUnavailableError, SmallDisk
 from eventspool.testing.ledger import LedgerReader, LedgerWriter
 from eventspool.verify import Ledger, consume_event_ids, ledger
+from harness.child import Child
 from harness.cli import BenchArgs, parse_args
 from harness.ledger import delivered_fraction, lost_figure
 from harness.machine import filesystem_type, load_average_1m, machine
 from harness.output import elapsed_s, emit_result, progress
 from harness.runs import safe_ratio
-from harness.session import Session
+from harness.session import Session, drain
 
 FIGURE = "soak_acknowledged_delivered_fraction"
 DEFAULT_DURATION_S = 1800.0
@@ -173,77 +166,22 @@ class SoakError(RuntimeError):
 # ---- the processes ------------------------------------------------------------------
 
 
-class Child:
-    """One process of _soak_workload.py, with its stderr log and its JSON summary."""
+def workload(kind: str, run_dir: Path, **options: object) -> Child:
+    """One process of _soak_workload.py, given `--option value` for each of `options`; it
+    writes its JSON summary when it stops."""
+    options = {"summary": run_dir / f"{kind}.summary.json", **options}
+    flags = [(f"--{name.replace('_', '-')}", str(value)) for name, value in options.items()]
+    argv = [os.fspath(WORKLOAD), kind, *(part for flag in flags for part in flag)]
+    return Child(kind, argv, run_dir / f"{kind}.stderr")
 
-    def __init__(self, name: str, kind: str, run_dir: Path, args: Sequence[str]) -> None:
-        self.name = name
-        self.summary_path = run_dir / f"{name}.summary.json"
-        self.stderr_path = run_dir / f"{name}.stderr"
-        self.argv = [
-            sys.executable,
-            os.fspath(WORKLOAD),
-            kind,
-            "--summary",
-            os.fspath(self.summary_path),
-            *args,
-        ]
-        self.process: subprocess.Popen[bytes] | None = None
-        # A kill and its restart are one step for `check()` on another thread.
-        self._lock = threading.Lock()
 
-    @property
-    def pid(self) -> int:
-        if self.process is None:
-            raise SoakError(f"{self.name} was never started")
-        return self.process.pid
-
-    def start(self) -> None:
-        with self.stderr_path.open("ab") as stderr:
-            self.process = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr
-            )
-
-    def check(self) -> None:
-        """Raise if the process ended without being asked to."""
-        with self._lock:
-            if self.process is not None and (code := self.process.poll()) is not None:
-                raise SoakError(f"{self.name} exited with {code}: {self.stderr_tail()}")
-
-    def kill_and_restart(self) -> None:
-        self.check()
-        with self._lock:
-            os.kill(self.pid, signal.SIGKILL)
-            assert self.process is not None
-            self.process.wait()
-            self.start()
-
-    def stop(self) -> dict[str, Any]:
-        """SIGTERM, wait for it to finish its work, and return its summary."""
-        self.check()
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            code = self.process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.terminate()
-            raise SoakError(f"{self.name} did not stop in {STOP_TIMEOUT_S} s") from None
-        if code != 0:
-            raise SoakError(f"{self.name} exited with {code}: {self.stderr_tail()}")
-        summary: dict[str, Any] = json.loads(self.summary_path.read_text())
-        return summary
-
-    def terminate(self) -> None:
-        """The last resort on the way out: SIGKILL if it still runs."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def stderr_tail(self) -> str:
-        try:
-            return self.stderr_path.read_text(errors="replace")[-3000:]
-        except OSError as exc:
-            return f"(unreadable: {exc})"
+def stop_workload(child: Child) -> dict[str, Any]:
+    """SIGTERM, wait for it to finish its work, and return its summary."""
+    child.stop(STOP_TIMEOUT_S)
+    summary: dict[str, Any] = json.loads(
+        child.stderr_path.with_name(f"{child.name}.summary.json").read_text()
+    )
+    return summary
 
 
 def agent_toml() -> str:
@@ -479,30 +417,18 @@ class Observer:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """Where a run keeps its files."""
+    """Where a run keeps its files: the ledgers of the producers, the handlers, the anchor
+    and the disk-full probes each in a directory of their own."""
 
     scratch: Path
     socket: Path
 
-    @property
-    def producers(self) -> Path:
-        return self.scratch / "ledgers" / "producers"
-
-    @property
-    def handled(self) -> Path:
-        return self.scratch / "ledgers" / "handled"
-
-    @property
-    def anchor(self) -> Path:
-        return self.scratch / "ledgers" / "anchor"
-
-    @property
-    def probes(self) -> Path:
-        return self.scratch / "ledgers" / "probes"
+    def ledgers(self, owner: str) -> Path:
+        return self.scratch / "ledgers" / owner
 
     def make(self) -> None:
-        for path in (self.producers, self.handled, self.anchor, self.probes):
-            path.mkdir(parents=True, exist_ok=True)
+        for owner in ("producers", "handled", "anchor", "probes"):
+            self.ledgers(owner).mkdir(parents=True, exist_ok=True)
 
 
 @dataclass
@@ -596,57 +522,37 @@ def soak(
 
     group = f"soak-{rng.getrandbits(32):08x}"
     pids_path = layout.scratch / "workers.json"
-    consumer = Child(
+    run_dir = layout.scratch
+    consumer = workload(
         "consumer",
-        "consumer",
-        layout.scratch,
-        [
-            "--bootstrap",
-            bootstrap,
-            "--group",
-            group,
-            "--ledger-dir",
-            os.fspath(layout.handled),
-            "--pids",
-            os.fspath(pids_path),
-        ],
+        run_dir,
+        bootstrap=bootstrap,
+        group=group,
+        ledger_dir=layout.ledgers("handled"),
+        pids=pids_path,
     )
-    anchor = Child(
+    anchor = workload(
         "anchor",
-        "anchor",
-        layout.scratch,
-        [
-            "--bootstrap",
-            bootstrap,
-            "--ledger",
-            os.fspath(layout.anchor / "anchor.ids"),
-            "--rate",
-            str(ANCHOR_RATE),
-            "--seed",
-            str(rng.getrandbits(32)),
-        ],
+        run_dir,
+        bootstrap=bootstrap,
+        ledger=layout.ledgers("anchor") / "anchor.ids",
+        rate=ANCHOR_RATE,
+        seed=rng.getrandbits(32),
     )
     producers = [
-        Child(
+        workload(
             name,
-            name,
-            layout.scratch,
-            [
-                "--socket",
-                os.fspath(layout.socket),
-                "--ledger",
-                os.fspath(layout.producers / f"{name}.ids"),
-                "--rate",
-                str(rate),
-                "--seed",
-                str(rng.getrandbits(32)),
-                *extra,
-            ],
+            run_dir,
+            socket=layout.socket,
+            ledger=layout.ledgers("producers") / f"{name}.ids",
+            rate=rate,
+            seed=rng.getrandbits(32),
+            **extra,
         )
         for name, rate, extra in (
-            ("sync", SYNC_RATE, ["--threads", str(SYNC_THREADS)]),
-            ("async", ASYNC_RATE, ["--in-flight", str(ASYNC_IN_FLIGHT)]),
-            ("http", HTTP_RATE, []),
+            ("sync", SYNC_RATE, {"threads": SYNC_THREADS}),
+            ("async", ASYNC_RATE, {"in_flight": ASYNC_IN_FLIGHT}),
+            ("http", HTTP_RATE, {}),
         )
     ]
     children = [consumer, anchor, *producers]
@@ -655,13 +561,13 @@ def soak(
         child.start()
 
     kinds = [kind for kind in FAULT_KINDS if disk is not None or kind != "disk_full"]
-    probes = stack.enter_context(LedgerWriter(layout.probes / "probes.ids"))
+    probes = stack.enter_context(LedgerWriter(layout.ledgers("probes") / "probes.ids"))
     rig = Rig(broker, agent, anchor, consumer, pids_path, disk, probes)
     started = time.monotonic()
     injector = FaultInjector(rig, rng, duration_s, started, kinds)
     observer = Observer(
-        LedgerReader(layout.producers, "*.ids"),
-        LedgerReader(layout.handled, "*.ids"),
+        LedgerReader(layout.ledgers("producers"), "*.ids"),
+        LedgerReader(layout.ledgers("handled"), "*.ids"),
         agent,
         started,
     )
@@ -674,13 +580,13 @@ def soak(
         raise SoakError(f"a fault went wrong: {injector.error!r}") from injector.error
     workload_s = time.monotonic() - started
     progress(f"workload done after {workload_s:.0f} s; stopping the producers")
-    summaries = {child.name: child.stop() for child in [*producers, anchor]}
+    summaries = {child.name: stop_workload(child) for child in [*producers, anchor]}
 
     drain_s = agent.wait_until_drained(DRAIN_TIMEOUT_S)
     progress(f"agent's spool drained in {drain_s:.1f} s; reading every topic back")
     produced = observer.produced
     produced.poll()
-    probed = LedgerReader(layout.probes, "*.ids")
+    probed = LedgerReader(layout.ledgers("probes"), "*.ids")
     probed.poll()
     expected = expected_records(produced, probed)
     in_kafka = {
@@ -691,14 +597,14 @@ def soak(
 
     handled = observer.handled
     catch_up_s = wait_for_consumer(handled, in_kafka)
-    consumer_summary = consumer.stop()
+    consumer_summary = stop_workload(consumer)
     handled.poll()
     lag = committed_lag(bootstrap, group)
 
-    anchor_acked = LedgerReader(layout.anchor, "*.ids")
+    anchor_acked = LedgerReader(layout.ledgers("anchor"), "*.ids")
     anchor_acked.poll()
     anchor_ids = anchor_acked.ids(ANCHOR_TOPIC)
-    anchor_seen = consume_event_ids(bootstrap, [ANCHOR_TOPIC], (), READ_TIMEOUT_S, to_end=True)
+    anchor_seen = drain(bootstrap, [ANCHOR_TOPIC], READ_TIMEOUT_S)
     anchor_ledger = ledger(anchor_ids, anchor_seen)
 
     observer.sample()
@@ -869,17 +775,8 @@ def build_result(args: BenchArgs, duration_s: float, seed: int, run: Outcome) ->
         },
         "faults_by_kind": {kind: faults_by_kind.get(kind, 0) for kind in FAULT_KINDS},
         "faults_skipped": skipped,
-        "disk_full_checks": {
-            "existing_queue_accepted": checks.existing_queue_accepted,
-            "existing_queue_refused": checks.existing_queue_refused,
-            "new_queue_refused": checks.new_queue_refused,
-            "new_queue_accepted": checks.new_queue_accepted,
-            "refusals": dict(checks.refusals),
-        },
-        "faults": [
-            {"t": f.t, "kind": f.kind, "duration_s": f.duration_s, "note": f.note}
-            for f in sorted(injector.faults, key=lambda fault: fault.t)
-        ],
+        "disk_full_checks": {**asdict(checks), "refusals": dict(checks.refusals)},
+        "faults": [asdict(f) for f in sorted(injector.faults, key=lambda fault: fault.t)],
         "timeline": [asdict(sample) for sample in run.observer.timeline],
         "duration_s": duration_s,
         "workload_s": round(run.workload_s, 1),

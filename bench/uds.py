@@ -2,43 +2,34 @@
 
 What one run measures (each figure is the median over the repetitions):
 
-1. ours: events/s from one client shared by `CLIENT_THREADS` threads, each calling
-   `send()` in a loop for a fixed time; the client pipelines their requests over one
-   connection. Rate = events acknowledged / wall time. The same threads with
-   `send_async()`, until every future resolved. Beside them two facts of this machine
-   that bound what a blocking `send()` can reach: the rate at which one CPython thread
-   can wake `CLIENT_THREADS` others in turn (every answered `send()` is one such
-   wake-up), and the round trip of 20 bytes through a socket pair to an echo process.
-2. The same from `PROCESSES` client processes at once, each one `Client` shared by
-   `CLIENT_THREADS` threads (this script run with ``--child``; started once, before
-   the first pass, each connected and waiting for the signal to go).
-3. Single-event round trip: one thread, sequential `send()` calls on its own `Client`,
-   `perf_counter_ns` around every call; p50/p99/p99.9.
-4. The anchor: `Spool.send()` in this process, one thread, on a spool of its own with
-   the agent's defaults (durability `process`, 32 MiB rings) and no sender, emptied with
-   read_batch + ack between passes, out of the timed region.
-5. The cost of the access checks: pass 1's blocking `send()` on a second agent whose
-   agent.toml has `ACCESS_RULES` [[access]] rules of 100 topic patterns each and
-   `ALLOWED_PATTERNS` allowed_topics patterns, alternating with pass 1 itself; the
-   figure is its rate against pass 1's.
-6. The cost of TLS: pass 1's workload (one client shared by `CLIENT_THREADS` threads,
-   blocking `send()`) over loopback TCP, in plaintext to the first agent's TCP listener
-   and with TLS to a third agent's TLS listener (certificates made at start with the
-   openssl command), alternating; the figure is the TLS rate against the plaintext one.
+1. ours: events/s from one client shared by `CLIENT_THREADS` threads released together,
+   each calling `send()` in a loop for a fixed time (the client pipelines their requests
+   over one connection): events acknowledged / wall time from the release to the last
+   thread's end. The same with `send_async()`, until every future resolved. Beside them
+   two facts of this machine that bound a blocking `send()`: the rate at which one
+   CPython thread can wake `CLIENT_THREADS` others in turn (every answered `send()` is
+   one such wake-up), and the round trip of 20 bytes through a socket pair to an echo
+   process.
+2. The same from `PROCESSES` client processes at once (this script with ``--child``,
+   started and connected before the first pass), each one `Client` shared by
+   `CLIENT_THREADS` threads.
+3. Round trip: one thread, sequential `send()` on its own `Client`, `perf_counter_ns`
+   around every call; p50/p99/p99.9.
+4. The anchor: `Spool.send()` in this process, one thread, on a spool with the agent's
+   defaults (durability `process`, 32 MiB rings) and no sender, emptied between passes.
+5. The access checks: pass 1 on a second agent whose agent.toml has `ACCESS_RULES`
+   [[access]] rules of 100 topic patterns each and `ALLOWED_PATTERNS` allowed_topics
+   patterns, alternating with pass 1; the figure is its rate against pass 1's.
+6. TLS: pass 1 over loopback TCP, in plaintext to the first agent and with TLS to a third
+   (certificates made with openssl), alternating; the figure is TLS against plaintext.
 
 Every event is keyless with the same 100-byte value, to a topic of `PARTITIONS`
-partitions created up front. The agent is `eventspool agent` as its own process with a
-generated agent.toml; its sender ships to a tansu broker started here, concurrently with
-the passes, as in production. Between passes the bench waits until the agent's STATS
-show no unacknowledged event, so every pass starts with an idle sender. The agent's CPU
-time per event (from /proc, all its threads) is reported for each pass: with this
-machine's few cores, clients, agent and broker compete for them.
-
-Goals from the issues, reported and not asserted: >= 200k events/s from one client
-shared by 16 threads, round-trip p50 < 50 us, access checks costing under 5% of the rate.
-TLS has no goal: its cost is reported as measured.
-
-The LAST line on stdout is one JSON object; progress and a table go to stderr.
+partitions. Each agent is `eventspool agent` as its own process with a generated
+agent.toml; its sender ships to a tansu broker during the passes, as in production, and
+every pass starts once the agent's STATS show no unacknowledged event. The agent's CPU
+per event (from /proc, all its threads) is reported for each pass. Goals from the
+issues, reported and not asserted: >= 200k events/s from one client shared by 16
+threads, round-trip p50 < 50 us, access checks costing under 5% of the rate.
 """
 
 from __future__ import annotations
@@ -57,7 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -76,6 +67,7 @@ from harness.output import progress
 from harness.rings import expect_emptied, fitting_events
 from harness.runs import Runs, alternate, latency_summary_us, safe_ratio
 from harness.session import Session
+from harness.threads import run_together
 
 FIGURE = "uds_rate_one_batching_client"
 TOPIC = "bench-uds"
@@ -146,54 +138,35 @@ def timed_rate(
 ) -> RatePass:
     """`threads` threads call `send(TOPIC, value)` until `seconds` are up (or `max_events`).
 
-    The threads are released together by a barrier; the pass ends when the last one
-    stopped, so a call in progress at the deadline is counted and timed. An error is
-    counted, not raised: a refused event must not stop the pass, and shows in the result.
+    An error is counted, not raised: a refused event must not stop the pass, and shows in
+    the result.
     """
-    barrier = threading.Barrier(threads + 1)
     stop = threading.Event()
-    counts = [0] * threads
-    errors = [0] * threads
-    ends = [0] * threads
-    first_error: list[str] = []
     limit = max_events // threads if max_events is not None else None
 
-    def worker(slot: int) -> None:
-        call = send
-        topic = TOPIC
-        done = stop.is_set
+    def loop() -> tuple[int, int, str | None]:
+        call, topic, done = send, TOPIC, stop.is_set
         sent = failed = 0
-        barrier.wait()
+        first_error = None
         while not done() and (limit is None or sent < limit):
             try:
                 call(topic, value)
             except EventspoolError as exc:
                 failed += 1
-                if not first_error:
-                    first_error.append(f"{type(exc).__name__}: {exc}")
+                first_error = first_error or f"{type(exc).__name__}: {exc}"
             else:
                 sent += 1
-        ends[slot] = time.monotonic_ns()
-        counts[slot] = sent
-        errors[slot] = failed
+        return sent, failed, first_error
 
-    workers = [threading.Thread(target=worker, args=(slot,)) for slot in range(threads)]
-    for thread in workers:
-        thread.start()
-    cpu_before = time.process_time()
-    barrier.wait()
-    start_ns = time.monotonic_ns()
-    stop.wait(seconds)
-    stop.set()
-    for thread in workers:
-        thread.join()
+    ran = run_together([loop] * threads, stop=stop, stop_after_s=seconds)
+    first_errors = [first for _, _, first in ran.results if first]
     return RatePass(
-        events=sum(counts),
-        errors=sum(errors),
-        first_error=first_error[0] if first_error else None,
-        start_ns=start_ns,
-        end_ns=max(ends),
-        cpu_s=time.process_time() - cpu_before,
+        events=sum(sent for sent, _, _ in ran.results),
+        errors=sum(failed for _, failed, _ in ran.results),
+        first_error=first_errors[0] if first_errors else None,
+        start_ns=ran.start_ns,
+        end_ns=ran.end_ns,
+        cpu_s=ran.cpu_s,
     )
 
 
@@ -322,19 +295,7 @@ def child_main(argv: Sequence[str]) -> int:
             if not command or command[0] != "run":
                 break
             result = timed_rate(client.send, value, threads, float(command[1]))
-            print(
-                json.dumps(
-                    {
-                        "events": result.events,
-                        "errors": result.errors,
-                        "first_error": result.first_error,
-                        "start_ns": result.start_ns,
-                        "end_ns": result.end_ns,
-                        "cpu_s": result.cpu_s,
-                    }
-                ),
-                flush=True,
-            )
+            print(json.dumps(asdict(result)), flush=True)
     return 0
 
 
@@ -601,11 +562,13 @@ def measure(
             "tcp_async_tls": encrypted,
         }
 
+        pass_args = (value, CLIENT_THREADS, profile.pass_seconds)
+
         def blocking(name: str) -> RatePass:
-            return timed_rate(clients[name].send, value, CLIENT_THREADS, profile.pass_seconds)
+            return timed_rate(clients[name].send, *pass_args)
 
         def firing(name: str) -> RatePass:
-            return async_rate(clients[name], value, CLIENT_THREADS, profile.pass_seconds)
+            return async_rate(clients[name], *pass_args)
 
         for rep in range(repeats):
             # The same pass with and without the access checks.
@@ -615,18 +578,12 @@ def measure(
             # send_async() over both: frames of many events, where TLS costs per record.
             both(rep, [(agent, "tcp_async_plain"), (secure, "tcp_async_tls")], firing)
 
-            cpu = process_cpu_s(agent.pid)
-            fired = async_rate(batching, value, CLIENT_THREADS, profile.pass_seconds)
-            add_pass(runs, "async", fired, process_cpu_s(agent.pid) - cpu)
-            drains.append(agent.wait_until_drained(profile.drain_timeout_s))
+            both(rep, [(agent, "async")], lambda _: async_rate(batching, *pass_args))
 
             runs.add("handoff_ceiling", handoff_ceiling(CLIENT_THREADS, profile.pass_seconds))
             runs.add("echo_rtt_p50_us", socket_echo_rtt_us(profile.rtt_samples))
 
-            cpu = process_cpu_s(agent.pid)
-            many = combine(processes.run(profile.pass_seconds))
-            add_pass(runs, "processes", many, process_cpu_s(agent.pid) - cpu)
-            drains.append(agent.wait_until_drained(profile.drain_timeout_s))
+            both(rep, [(agent, "processes")], lambda _: combine(processes.run(pass_args[2])))
 
             cpu = process_cpu_s(agent.pid)
             samples = round_trips(single, value, profile.rtt_samples, profile.rtt_warmup)
@@ -644,8 +601,8 @@ def measure(
             add_pass(runs, "anchor", spool, None)
             progress(
                 f"rep {rep + 1}/{repeats}: one client {rates['one_client']:,.0f}/s (send_async "
-                f"{fired.rate:,.0f}/s), {PROCESSES} processes "
-                f"{many.rate:,.0f}/s, round trip p50 {summary['p50_us']:.0f} us "
+                f"{rates['async']:,.0f}/s), {PROCESSES} processes "
+                f"{rates['processes']:,.0f}/s, round trip p50 {summary['p50_us']:.0f} us "
                 f"p99 {summary['p99_us']:.0f} us, Spool.send() {spool.rate:,.0f}/s, "
                 f"TCP {rates['tcp_plain']:,.0f}/s, TLS {rates['tcp_tls']:,.0f}/s (send_async "
                 f"{rates['tcp_async_plain']:,.0f}/s, {rates['tcp_async_tls']:,.0f}/s)"

@@ -6,6 +6,9 @@ measures settings, not design.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from eventspool.config import SenderSettings, SpoolSettings
 from eventspool.sender.producer import DELIVERY_SETTINGS, QUEUE_LIMITS, producer_config
 
@@ -17,3 +20,13 @@ def sender_producer_config(bootstrap: str) -> dict[str, object]:
     """The settings the sender gives its own producer (eventspool.sender.producer), with
     the SenderSettings defaults: what an anchor's bare `confluent_kafka.Producer` uses."""
     return producer_config(bootstrap, SenderSettings(), SpoolSettings().max_event_bytes)
+
+
+def anchor_config(bootstrap: str, on_error: Callable[[Any], None]) -> dict[str, object]:
+    """The sender's producer settings plus murmur2_random, the Java-compatible partitioner
+    (keys land where the spool puts them), and an error callback."""
+    return {
+        **sender_producer_config(bootstrap),
+        "partitioner": "murmur2_random",
+        "error_cb": on_error,
+    }

@@ -16,16 +16,15 @@ import pytest
 import log_shipper
 from eventspool.broker import LocalBroker, create_topic
 from eventspool.verify import consume_event_ids
+from harness.ledger import KillLoss, losses_by_kill
 from log_shipper import (
     PAYLOAD_BYTES,
-    KillLoss,
     Rsyslogd,
     RsyslogPaths,
     SyslogSocket,
     bundled_librdkafka,
     ensure_rsyslog,
     event_id,
-    losses_by_kill,
     make_payload,
     payload_id,
     record_id,
