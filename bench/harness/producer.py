@@ -10,10 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from eventspool.config import SenderSettings, SpoolSettings
-from eventspool.sender.producer import DELIVERY_SETTINGS, QUEUE_LIMITS, producer_config
-
-# What the sender gives its producer besides the SenderSettings.
-SENDER_PRODUCER_CONFIG: dict[str, object] = {**DELIVERY_SETTINGS, **QUEUE_LIMITS}
+from eventspool.sender.producer import producer_config
 
 
 def sender_producer_config(bootstrap: str) -> dict[str, object]:
@@ -29,4 +26,19 @@ def anchor_config(bootstrap: str, on_error: Callable[[Any], None]) -> dict[str, 
         **sender_producer_config(bootstrap),
         "partitioner": "murmur2_random",
         "error_cb": on_error,
+    }
+
+
+def compared_settings() -> dict[str, object]:
+    """A result's settings of both sides, as data: the spool's queue defaults and the
+    anchor's producer config (the sender's own, so it states the sender's too)."""
+    queue = SpoolSettings().queue
+    anchor = anchor_config("BOOTSTRAP", print)
+    return {
+        "spool": {
+            "durability": queue.durability.value,
+            "capacity_bytes_per_ring": queue.capacity_bytes,
+            "full_policy": queue.full_policy.value,
+        },
+        "anchor_producer": {key: value for key, value in anchor.items() if not callable(value)},
     }
