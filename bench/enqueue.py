@@ -3,23 +3,40 @@
 What one run measures (each figure is the median over the repetitions):
 
 1. `Spool.send()` with 100-byte values, keyless and keyed (10k users, keys like
-   b"user-123"), with durability `process` and `fsync`, from 1 and from 4 threads
-   released together: the rate (a pass without per-call timing; events / wall time from
+   b"user-123"), with durability `process` and `fsync` (32 MiB rings, full policy
+   reject; concurrent writers of one ring share an fdatasync), from 1 and from 4 threads
+   released together by one barrier, each sending its share (keyed threads start at
+   different users): the rate (a pass without per-call timing; events / wall time from
    the release to the last thread's end) and the per-call latency p50/p99/p99.9 (a
-   separate pass, `perf_counter_ns` around every call).
-2. The disk's own cost: append 100 bytes to a file and fdatasync it, in the spool's
-   directory (and, for reference, the same with 100-byte overwrites in place).
+   separate pass, `perf_counter_ns` around every call, percentiles over every thread's
+   calls of the pass).
+2. The disk's own cost, probed at the start of each repetition of the fsync passes so
+   both see the same disk weather: append 100 bytes to a file and fdatasync it, in the
+   spool's directory (and, for reference, the same with 100-byte overwrites in place in
+   a written 1 MiB file, which is what the ring does once it has wrapped).
 3. The anchor: `Producer.produce()` on the same payloads, memory only (the bootstrap
-   server is a closed local port, so nothing leaves the process), timing only the
-   enqueue, keyless and keyed, 1 and 4 threads; purged after every pass.
+   server is a closed local port, so nothing leaves the process; errors are swallowed
+   and counted), timing only the enqueue, keyless and keyed, 1 and 4 threads; purged
+   after every pass, untimed, so every pass starts from an empty queue.
 4. Instructions per event, counted by callgrind (bench/harness/instructions.py) for
-   `Spool.send()` and `produce()` keyless: a figure that a busy machine does not move.
+   `Spool.send()` and `produce()` keyless: a figure that a busy machine does not move
+   (a quick run counts fewer events per lane).
 
 Nothing sends the spool's events anywhere, so its rings would fill. There is no
-concurrent drainer here: every ring has room for a whole pass, and between passes, out
-of the timed region, every ring is drained with read_batch + ack (and the count of
-drained records is checked against the count sent). This keeps the comparison
-symmetric with the anchor, whose messages are not sent either.
+concurrent drainer here: every ring has room for a whole pass (at most half of the
+rings), and between passes, out of the timed region, every ring is drained with
+read_batch + ack (and the count of drained records is checked against the count sent).
+This keeps the comparison symmetric with the anchor, whose messages are not sent either.
+
+Warm-up: the rings are created first, then one cold pass runs on the fresh mapping
+(reported as cold_first_pass_rate), then sends and drains until every ring wrapped once,
+so no measured pass touches a never-written page (a first write to a fresh mmap page
+faults, and on a preallocated file also converts an unwritten extent). The anchor sends
+one pass of the largest size and purges it, so measured passes reuse the heap it grew
+(reported as anchor_cold_first_pass_rate). Each configuration then runs growing
+calibration passes that size its measured ones. The fsync passes reopen the same,
+already written, ring files after os.sync(). Spool and anchor passes are interleaved
+configuration by configuration, so a disturbance from other processes hits both alike.
 """
 
 from __future__ import annotations
@@ -60,6 +77,7 @@ THREAD_COUNTS = (1, 4)
 KEY_MODES = ("keyless", "keyed")
 CONFIGS = [(mode, threads) for mode in KEY_MODES for threads in THREAD_COUNTS]
 CAPACITY_BYTES = 32 * MIB  # the default QueueSettings capacity
+DURABILITIES = (Durability.PROCESS, Durability.FSYNC)
 PAGE_BYTES = 4096
 PRODUCE = "confluent_kafka produce(), memory only"
 ANCHOR_CONFIG: dict[str, object] = {
@@ -95,7 +113,7 @@ class Profile:
     disk_syncs: int
 
 
-QUICK = Profile(0.2, 0.1, 1_000, 500, 150_000, 1_000_000, 50_000, 400)
+QUICK = Profile(0.1, 0.05, 1_000, 500, 50_000, 300_000, 50_000, 400)
 FULL = Profile(1.0, 0.25, 4_000, 4_000, 500_000, 3_000_000, 200_000, 2_000)
 
 
@@ -412,7 +430,6 @@ def build_result(
     ours = m["spool_process_keyless_1t_rate"]
     fsync_p99 = m["spool_fsync_keyless_1t_p99_us"]
     disk_p99 = m["disk_fdatasync_append_p99_us"]
-    p99_process = round(m["spool_process_keyless_1t_p99_us"], 2)
     listed = [
         figure(
             "enqueue_rate_process_keyed_4threads",
@@ -424,7 +441,7 @@ def build_result(
         ),
         figure(
             "enqueue_p99_process_1thread",
-            p99_process,
+            round(m["spool_process_keyless_1t_p99_us"], 2),
             round(m["produce_keyless_1t_p99_us"], 2),
             unit="us",
             title="Spool.send() p99 latency, 1 thread, durability process",
@@ -457,7 +474,7 @@ def build_result(
         runs.values["produce_keyless_1t_rate"],
         strict=True,
     )
-    result: dict[str, Any] = {
+    return {
         **figure(
             "enqueue_rate_process_1thread",
             round(ours),
@@ -500,63 +517,23 @@ def build_result(
             "keyless": frame_size(FIXED_SIZE + PAYLOAD_BYTES),
             "keyed": frame_size(FIXED_SIZE + len(b"user-1234") + PAYLOAD_BYTES),
         },
-        "durability": {
-            mode: f"SpoolSettings(queue=QueueSettings(durability={mode}, capacity_bytes="
-            f"{CAPACITY_BYTES}, full_policy=reject)){note}"
-            for mode, note in (
-                ("process", ""),
-                ("fsync", "; concurrent writers of one ring share an fdatasync (group commit)"),
-            )
-        },
-        "queue_mode": "capacity, no concurrent drainer: each pass fits in the rings (at most "
-        f"half of {PARTITIONS} x {CAPACITY_BYTES // MIB} MiB); between passes, outside the "
-        "timed region, every ring is drained with read_batch + ack and the drained count is "
-        "checked against the sent count",
+        "durability": [mode.value for mode in DURABILITIES],
         "warmup": {
-            "spool": "rings created first; then one cold pass on the fresh mapping (reported "
-            "as cold_first_pass_rate), then sends + drains until every ring had wrapped once, "
-            "so no measured pass touches a never-written page (first writes to a fresh mmap "
-            "page fault, and on a preallocated file also convert unwritten extents); each "
-            "configuration then runs growing calibration passes before its measured ones. The "
-            "fsync passes reopen the same, already written, ring files after os.sync(): their "
-            "mapping is new, so first touches are minor faults only.",
-            "anchor": f"one pass of {profile.max_pass_events} messages then purge, so the "
-            "measured passes reuse heap the producer already grew (reported as "
-            "anchor_cold_first_pass_rate); purge after every pass, so every pass starts from "
-            "an empty queue",
             "spool_warmup_events": facts["warmup_events"],
             "spool_warmup_seconds": facts["warmup_seconds"],
             "cold_first_pass_events": facts["cold_first_pass_events"],
+            "anchor_warmup_events": profile.max_pass_events,
         },
         "anchor_config": {
             **{k: v for k, v in ANCHOR_CONFIG.items() if k != "bootstrap.servers"},
-            "bootstrap.servers": "closed local port (memory only, nothing is sent)",
-            "error_cb": "swallowed",
-            "purge": "after every pass, outside the timed region",
             "errors_swallowed": facts["anchor_errors"],
         },
-        "method": {
-            "rate": "untimed pass; events / (last thread end - release of the threads)",
-            "latency": "separate pass, time.perf_counter_ns around every call; percentiles "
-            "over all threads' calls of one pass",
-            "median_over": "repetitions; per-run percentiles, then the median of each",
-            "threads": "4 threads each send a quarter of the pass, released by one barrier; "
-            "keyed threads start at different users",
-            "disk_fdatasync": f"{profile.disk_syncs} x (append 100 bytes with os.write + "
-            "os.fdatasync) in the spool directory, timed together, at the start of each "
-            "repetition of the fsync passes; overwrite_ variants pwrite 100 bytes in place "
-            "in a written 1 MiB file (what the ring does once it has wrapped)",
-        },
+        "disk_fdatasync_samples": profile.disk_syncs,
         "pass_sizes": sizes,
         "pass_seconds_target": profile.pass_seconds,
         "runs": runs.listed("_rate", "_p99_us"),
         **session.provenance(broker=None),
     }
-    result["load_average_1m"]["note"] = (
-        "other processes on this machine compete for its cores; spool and anchor passes are "
-        "interleaved so that they share any disturbance"
-    )
-    return result
 
 
 if __name__ == "__main__":

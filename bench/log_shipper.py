@@ -59,7 +59,6 @@ import argparse
 import contextlib
 import ctypes
 import glob
-import json
 import multiprocessing
 import os
 import queue
@@ -86,11 +85,11 @@ import confluent_kafka
 
 from eventspool.broker import LocalBroker, create_topic
 from eventspool.client.sync import Client
-from eventspool.config import SpoolSettings
 from eventspool.errors import EventspoolError
 from eventspool.testing.agent import AgentProcess
 from eventspool.verify import consume_event_ids
 from harness import ledger
+from harness.agent import start_agent
 from harness.cli import BenchArgs, bench_main
 from harness.cpu import process_cpu_s
 from harness.figures import figure
@@ -116,10 +115,10 @@ RETRY_PAUSE_S = 0.01
 PROGRESS_EVENTS = 200  # acknowledged after a restart before the next kill is armed
 PROGRESS_TIMEOUT_S = 30.0
 OMKAFKA_GLOBS = ("/usr/lib/rsyslog/omkafka.so", "/usr/lib/*/rsyslog/omkafka.so")
-RSYSLOG_PACKAGES = ("rsyslog", "rsyslog-kafka")
 RSYSLOG = "rsyslog + omkafka, disk-assisted queue"
 SIDES = ("ours", "anchor")
 LATENCY_STATS = {"p50_us": "p50", "p99_us": "p99", "p999_us": "p99.9"}
+KILL_COUNTS = ("kills", "acknowledged", "delivered", "lost", "duplicates", "failed_sends")
 
 Caller = Callable[[bytes], object]
 
@@ -226,32 +225,20 @@ class SyslogSocket:
 # ---- rsyslog ------------------------------------------------------------------------------
 
 
-class RsyslogPaths:
-    """Where one rsyslogd instance keeps everything; all inside its own `directory`."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.work = directory / "work"
-        self.socket = directory / "log.sock"
-        self.config = directory / "rsyslog.conf"
-        self.pid_file = directory / "rsyslogd.pid"
-        self.internal_log = directory / "rsyslogd.log"
-        self.output = directory / "rsyslogd.out"
-
-
 def _quoted(value: str | Path) -> str:
     """A RainerScript string constant (backslash and double quote escaped)."""
     return '"' + os.fspath(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def render_rsyslog_config(paths: RsyslogPaths, bootstrap: str, topic: str) -> str:
-    """The anchor's rsyslog.conf (the module docstring explains its choices)."""
+def render_rsyslog_config(directory: Path, bootstrap: str, topic: str) -> str:
+    """The anchor's rsyslog.conf, every path in `directory` (the module docstring explains
+    its choices)."""
     brokers = ", ".join(_quoted(server) for server in bootstrap.split(","))
     return f"""\
-global(workDirectory={_quoted(paths.work)})
+global(workDirectory={_quoted(directory / "work")})
 module(load="imuxsock" SysSock.Use="off")
 module(load="omkafka")
-input(type="imuxsock" Socket={_quoted(paths.socket)} RateLimit.Interval="0"
+input(type="imuxsock" Socket={_quoted(directory / "log.sock")} RateLimit.Interval="0"
       Ruleset="to_kafka")
 template(name="bench_value" type="list") {{
   property(name="msg" position.from="2")
@@ -262,12 +249,12 @@ ruleset(name="to_kafka") {{
          confParam=["compression.codec=lz4", "enable.idempotence=true"]
          topicConfParam=["acks=all"]
          resubmitOnFailure="on" keepFailedMessages="on"
-         failedMsgFile={_quoted(paths.work / "omkafka-failed.data")}
+         failedMsgFile={_quoted(directory / "work" / "omkafka-failed.data")}
          action.resumeRetryCount="-1"
          queue.type="LinkedList" queue.filename="to_kafka"
          queue.size="100000" queue.maxDiskSpace="1g" queue.saveOnShutdown="on")
 }}
-action(type="omfile" file={_quoted(paths.internal_log)})
+action(type="omfile" file={_quoted(directory / "rsyslogd.log")})
 """
 
 
@@ -286,24 +273,12 @@ def omkafka_installed() -> bool:
 
 
 def ensure_rsyslog() -> str:
-    """The rsyslogd executable; rsyslog and rsyslog-kafka are installed with apt-get when
-    either is missing and we run as root, otherwise the run stops with what to do."""
-    if (rsyslogd := find_rsyslogd()) is not None and omkafka_installed():
-        return rsyslogd
-    packages = " ".join(RSYSLOG_PACKAGES)
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise SystemExit(
-            f"this benchmark needs rsyslogd with omkafka: install the Debian packages "
-            f"{' and '.join(RSYSLOG_PACKAGES)} (apt-get install {packages}), "
-            "or run it as root on Debian to have them installed"
-        )
-    progress(f"installing {packages} with apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["install", "-y", "-q", "--no-install-recommends", *RSYSLOG_PACKAGES]
-    for command in (["update", "-q"], install):
-        subprocess.run(["apt-get", *command], check=True, env=env, stdout=sys.stderr)
+    """The rsyslogd executable; without it or omkafka the run stops and says what to do."""
     if (rsyslogd := find_rsyslogd()) is None or not omkafka_installed():
-        raise SystemExit("apt-get installed the packages, but rsyslogd or omkafka.so is missing")
+        raise SystemExit(
+            "this benchmark needs rsyslogd with omkafka: `make rsyslog` installs the Debian "
+            "packages rsyslog and rsyslog-kafka"
+        )
     return rsyslogd
 
 
@@ -331,7 +306,8 @@ def librdkafka_version(library: str) -> str | None:
 
 
 class Rsyslogd:
-    """``rsyslogd -n`` on its own config, pid file, work directory and socket.
+    """``rsyslogd -n`` on its own config, pid file, work directory and socket, all in
+    `directory`.
 
     Started by the constructor; `kill` and `start_answering` restart it on the same work
     directory (its queue files) and socket, as a supervisor would after a crash.
@@ -340,11 +316,11 @@ class Rsyslogd:
     def __init__(
         self, executable: str, directory: Path, bootstrap: str, topic: str, library_dir: Path | None
     ) -> None:
-        self.paths = RsyslogPaths(directory)
-        self.socket_path = self.paths.socket
-        self.paths.work.mkdir(parents=True, exist_ok=True)
-        self.paths.config.write_text(render_rsyslog_config(self.paths, bootstrap, topic))
-        config = os.fspath(self.paths.config)
+        self.socket_path = directory / "log.sock"
+        self.logs = (directory / "rsyslogd.out", directory / "rsyslogd.log")
+        (directory / "work").mkdir(parents=True, exist_ok=True)
+        config = directory / "rsyslog.conf"
+        config.write_text(render_rsyslog_config(directory, bootstrap, topic))
         self.env = dict(os.environ)
         if library_dir is not None:
             self.env["LD_LIBRARY_PATH"] = os.fspath(library_dir)
@@ -357,7 +333,8 @@ class Rsyslogd:
         )
         if check.returncode != 0:
             raise RuntimeError(f"rsyslogd -N1 rejected the config:\n{check.stderr}")
-        self.command = [executable, "-n", "-f", config, "-i", os.fspath(self.paths.pid_file)]
+        pid_file = directory / "rsyslogd.pid"
+        self.command = [executable, "-n", "-f", os.fspath(config), "-i", os.fspath(pid_file)]
         self.process: subprocess.Popen[bytes] | None = None
         self.start_answering()
 
@@ -371,7 +348,7 @@ class Rsyslogd:
         killed rsyslogd leaves its socket file."""
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError("rsyslogd is still running")
-        with self.paths.output.open("ab") as output:
+        with self.logs[0].open("ab") as output:
             self.process = subprocess.Popen(
                 self.command,
                 stdin=subprocess.DEVNULL,
@@ -380,16 +357,15 @@ class Rsyslogd:
                 env=self.env,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"rsyslogd did not start:\n{self.log_tail()}")
+        while self.process.poll() is None and time.monotonic() < deadline:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
                 try:
-                    probe.connect(os.fspath(self.paths.socket))
+                    probe.connect(os.fspath(self.socket_path))
                     return
                 except OSError:
                     time.sleep(0.01)
+        self.stop()
+        raise RuntimeError(f"rsyslogd did not start:\n{self.log_tail()}")
 
     def kill(self) -> None:
         assert self.process is not None
@@ -408,8 +384,7 @@ class Rsyslogd:
                 self.process.wait()
 
     def log_tail(self) -> str:
-        paths = (self.paths.output, self.paths.internal_log)
-        return "\n".join(p.read_text(errors="replace")[-2000:] for p in paths if p.exists())
+        return "\n".join(p.read_text(errors="replace")[-2000:] for p in self.logs if p.exists())
 
 
 # ---- the two sides ----------------------------------------------------------------------
@@ -482,25 +457,21 @@ def settle_async(callers: Sequence[Caller]) -> list[int] | None:
 
 
 @contextlib.contextmanager
-def agent_callers(
-    shipper: Shipper, topic: str, threads: int, fire_and_go: bool
-) -> Iterator[list[Caller]]:
+def agent_callers(shipper: Shipper, topic: str, fire_and_go: bool) -> Iterator[list[Caller]]:
     """One `Client` with default settings, shared by every caller thread; with
     `fire_and_go`, each thread sends with `send_async()`."""
     with Client(shipper.socket_path) as client:
         if fire_and_go:
-            yield [AsyncSend(client, topic) for _ in range(threads)]
+            yield [AsyncSend(client, topic) for _ in range(CALLER_THREADS)]
         else:
-            yield [partial(client.send, topic)] * threads
+            yield [partial(client.send, topic)] * CALLER_THREADS
 
 
 @contextlib.contextmanager
-def syslog_callers(
-    shipper: Shipper, _topic: str, threads: int, _fire_and_go: bool
-) -> Iterator[list[Caller]]:
+def syslog_callers(shipper: Shipper, _topic: str, _fire_and_go: bool) -> Iterator[list[Caller]]:
     """A socket per caller thread, as each process calling syslog(3) has one; a datagram
     send always fires and goes."""
-    sockets = [SyslogSocket(shipper.socket_path) for _ in range(threads)]
+    sockets = [SyslogSocket(shipper.socket_path) for _ in range(CALLER_THREADS)]
     try:
         yield [sock.send for sock in sockets]
     finally:
@@ -514,29 +485,16 @@ class Side:
 
     name: str  # "ours" or "anchor"
     launch: Callable[[Path, str, str], Shipper]  # (directory, bootstrap, topic)
-    # (shipper, topic, threads, fire_and_go): ours fire and go in the end-to-end runs
-    open_callers: Callable[
-        [Shipper, str, int, bool], contextlib.AbstractContextManager[list[Caller]]
-    ]
+    # (shipper, topic, fire_and_go): ours fire and go in the end-to-end runs
+    open_callers: Callable[[Shipper, str, bool], contextlib.AbstractContextManager[list[Caller]]]
     failures: tuple[type[BaseException], ...]  # what a send raises when the shipper is down
 
 
 def make_sides(rsyslogd: str, library_dir: Path | None) -> dict[str, Side]:
     def launch_agent(directory: Path, bootstrap: str, _topic: str) -> Shipper:
-        """`eventspool agent` on its defaults (the spool's own max_event_bytes too)."""
-        directory.mkdir(parents=True, exist_ok=True)
-        agent = AgentProcess(
-            directory,
-            bootstrap,
-            spool_dir=directory / "agent-spool",
-            max_event_bytes=SpoolSettings().max_event_bytes,
-        )
-        agent.start_answering(START_TIMEOUT_S)
-        return agent
+        return start_agent(directory, bootstrap)
 
-    def launch_rsyslog(directory: Path, bootstrap: str, topic: str) -> Shipper:
-        return Rsyslogd(rsyslogd, directory, bootstrap, topic, library_dir)
-
+    launch_rsyslog = partial(Rsyslogd, rsyslogd, library_dir=library_dir)
     return {
         "ours": Side("ours", launch_agent, agent_callers, (EventspoolError,)),
         "anchor": Side("anchor", launch_rsyslog, syslog_callers, (OSError,)),
@@ -546,52 +504,38 @@ def make_sides(rsyslogd: str, library_dir: Path | None) -> dict[str, Side]:
 # ---- figure 1 and 2: end-to-end rate and caller latency ---------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class E2EResult:
-    rate: float  # events/s, first send until all are readable in Kafka
-    send_rate: float  # events/s, first send until the last send returned
-    latency_us: dict[str, float]
-    ack_latency_us: dict[str, float] | None  # ours: until the agent had it on disk
-    shipper_cpu_us_per_event: float
-    broker_cpu_us_per_event: float
-
-
-class Watcher:
-    """Reads the topic until every expected id is there, and notes when that was.
+def start_reader(
+    bootstrap: str, topic: str, expected: set[str]
+) -> Callable[[float], tuple[Counter[str], int]]:
+    """Start reading the topic until every expected id is there; returns once the reader
+    polled the topic once, with a call that waits for (every id's count, monotonic ns
+    when the last one arrived), nothing seen if the reader gave no answer in time.
 
     In a process of its own, started and polling before the window opens: a reader in
     the callers' process would take their interpreter lock for every record it reads,
     and the reader of Kafka is no part of the application whose calls are measured. Its
     time is CLOCK_MONOTONIC, which every process shares.
     """
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    results: multiprocessing.Queue[tuple[Counter[str], int]] = context.Queue()
+    args = (bootstrap, topic, expected, ready, results)
+    reader = context.Process(target=_watch, args=args, name="bench-kafka-reader", daemon=True)
+    reader.start()
+    if not ready.wait(START_TIMEOUT_S):
+        reader.kill()
+        raise RuntimeError(f"the Kafka reader did not start within {START_TIMEOUT_S} s")
 
-    def __init__(self, bootstrap: str, topic: str, expected: set[str]) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._ready = context.Event()
-        self._results: multiprocessing.Queue[tuple[Counter[str], int]] = context.Queue()
-        self._process = context.Process(
-            target=_watch,
-            args=(bootstrap, topic, expected, self._ready, self._results),
-            name="bench-kafka-reader",
-            daemon=True,
-        )
-        self.seen: Counter[str] = Counter()
-        self.done_ns = 0
-
-    def start(self) -> None:
-        """Start the reader; return once its consumer has polled the topic once."""
-        self._process.start()
-        if not self._ready.wait(START_TIMEOUT_S):
-            self._process.kill()
-            raise RuntimeError(f"the Kafka reader did not start within {START_TIMEOUT_S} s")
-
-    def join(self, timeout: float) -> None:
-        """Wait for what the reader saw; nothing seen when it gave no answer in time."""
+    def join(timeout: float) -> tuple[Counter[str], int]:
         try:
-            self.seen, self.done_ns = self._results.get(timeout=timeout)
+            return results.get(timeout=timeout)
         except queue.Empty:
-            self._process.kill()
-        self._process.join(timeout=START_TIMEOUT_S)
+            reader.kill()
+            return Counter(), 0
+        finally:
+            reader.join(timeout=START_TIMEOUT_S)
+
+    return join
 
 
 def _watch(
@@ -643,77 +587,65 @@ def batches_for(tag: str, events: int) -> tuple[list[list[bytes]], set[str]]:
     return batches, {event_id(tag, slot, seq) for slot in range(CALLER_THREADS) for seq in seqs}
 
 
-def e2e_run(side: Side, broker: LocalBroker, directory: Path, topic: str, events: int) -> E2EResult:
-    """One timed run on a fresh shipper process and a fresh topic."""
-    bootstrap = broker.bootstrap_servers
+@contextlib.contextmanager
+def launched(side: Side, bootstrap: str, directory: Path, topic: str) -> Iterator[Shipper]:
+    """The side's shipper for a fresh topic, stopped at the end; its log shown on a failure."""
     create_topic(bootstrap, topic, PARTITIONS)
     shipper = side.launch(directory, bootstrap, topic)
     try:
-        with side.open_callers(shipper, topic, CALLER_THREADS, True) as callers:
-            warm, warm_ids = batches_for(f"w{directory.name}", WARMUP_EVENTS)
-            send_all(callers, warm)
-            settle_async(callers)
-            seen = consume_event_ids(
-                bootstrap, [topic], warm_ids, timeout=DELIVERY_TIMEOUT_S, id_of=record_id
-            )
-            if not warm_ids <= seen.keys():
-                raise RuntimeError(f"{side.name}: warm-up events did not all arrive")
-            timed, expected = batches_for(f"t{directory.name}", events)
-            watcher = Watcher(bootstrap, topic, expected)
-            shipper_cpu, broker_cpu = process_cpu_s(shipper.pid), process_cpu_s(broker.pid)
-            watcher.start()
-            start, sent, latencies = send_all(callers, timed)
-            acks = settle_async(callers)
-            watcher.join(DELIVERY_TIMEOUT_S + 30)
-            shipper_cpu = process_cpu_s(shipper.pid) - shipper_cpu
-            broker_cpu = process_cpu_s(broker.pid) - broker_cpu
-            arrived = len(expected & watcher.seen.keys())
-            if arrived != len(expected):
-                raise RuntimeError(
-                    f"{side.name}: only {arrived} of {len(expected)} events reached Kafka "
-                    f"within {DELIVERY_TIMEOUT_S} s"
-                )
+        yield shipper
     except BaseException:
         progress(f"{side.name} log:\n{shipper.log_tail()}")
         raise
     finally:
         shipper.stop()
+
+
+def e2e_run(
+    side: Side, broker: LocalBroker, directory: Path, topic: str, events: int
+) -> dict[str, float]:
+    """One timed run on a fresh shipper process and a fresh topic: its values by name."""
+    bootstrap = broker.bootstrap_servers
+    with (
+        launched(side, bootstrap, directory, topic) as shipper,
+        side.open_callers(shipper, topic, True) as callers,
+    ):
+        warm, warm_ids = batches_for(f"w{directory.name}", WARMUP_EVENTS)
+        send_all(callers, warm)
+        settle_async(callers)
+        seen = consume_event_ids(
+            bootstrap, [topic], warm_ids, timeout=DELIVERY_TIMEOUT_S, id_of=record_id
+        )
+        if not warm_ids <= seen.keys():
+            raise RuntimeError(f"{side.name}: warm-up events did not all arrive")
+        timed, expected = batches_for(f"t{directory.name}", events)
+        shipper_cpu, broker_cpu = process_cpu_s(shipper.pid), process_cpu_s(broker.pid)
+        read = start_reader(bootstrap, topic, expected)
+        start, sent, latencies = send_all(callers, timed)
+        acks = settle_async(callers)
+        seen, done_ns = read(DELIVERY_TIMEOUT_S + 30)
+        shipper_cpu = process_cpu_s(shipper.pid) - shipper_cpu
+        broker_cpu = process_cpu_s(broker.pid) - broker_cpu
+        if (arrived := len(expected & seen.keys())) != len(expected):
+            raise RuntimeError(
+                f"{side.name}: only {arrived} of {len(expected)} events reached Kafka "
+                f"within {DELIVERY_TIMEOUT_S} s"
+            )
     count = len(expected)
-    return E2EResult(
-        rate=count / ((watcher.done_ns - start) / 1e9),
-        send_rate=count / ((sent - start) / 1e9),
-        latency_us=latency_summary_us(latencies),
-        ack_latency_us=None if acks is None else latency_summary_us(acks),
-        shipper_cpu_us_per_event=shipper_cpu * 1e6 / count,
-        broker_cpu_us_per_event=broker_cpu * 1e6 / count,
-    )
+    latency = latency_summary_us(latencies)
+    # ours also until its future resolved: the event on disk in the agent
+    ack_latency = {} if acks is None else latency_summary_us(acks)
+    return {
+        "rate": count / ((done_ns - start) / 1e9),  # until all readable in Kafka
+        "send_rate": count / ((sent - start) / 1e9),  # until the last send returned
+        **{f"latency_{stat}": latency[stat] for stat in (*LATENCY_STATS, "max_us")},
+        **{f"ack_latency_{stat}": ack_latency[stat] for stat in LATENCY_STATS if ack_latency},
+        "cpu_us_per_event": shipper_cpu * 1e6 / count,
+        "broker_cpu_us_per_event": broker_cpu * 1e6 / count,
+    }
 
 
 # ---- figure 3: SIGKILL loss --------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class KillRun(ledger.Tally):
-    """One kill run of one side: what the callers were told and what Kafka holds."""
-
-    side: str
-    kills: int
-    failed_sends: int
-    offered_rate: int
-    acknowledged_rate: float
-    restart_s_max: float
-    drain_s: float
-    lost_per_kill: list[ledger.KillLoss]
-    lost_after_last_kill: int
-    lost_examples: list[str]
-
-    def as_json(self) -> dict[str, Any]:
-        """The run as the result lists it (`duplicates`, and `delivered_unacknowledged`: a
-        send failed by a kill whose event got through)."""
-        out = asdict(self)
-        out["duplicates"] = out.pop("duplicated")
-        out["delivered_unacknowledged"] = out.pop("unacknowledged_delivered")
-        return out | {"delivered_fraction": round(self.delivered_fraction, 6)}
 
 
 class Stream:
@@ -727,8 +659,8 @@ class Stream:
         failures: tuple[type[BaseException], ...],
     ) -> None:
         self.tag = tag
-        self.acked: list[list[int]] = [[] for _ in callers]
-        self.acked_at: list[list[float]] = [[] for _ in callers]
+        # Per caller: (seq, when its caller was told) of each acknowledged send.
+        self.acked: list[list[tuple[int, float]]] = [[] for _ in callers]
         self.failed = [0] * len(callers)
         self._interval = len(callers) / rate
         self._failures = failures
@@ -743,7 +675,7 @@ class Stream:
             thread.start()
 
     def _run(self, slot: int, send: Caller) -> None:
-        acked, acked_at = self.acked[slot], self.acked_at[slot]
+        acked = self.acked[slot]
         seq = 0
         next_at = time.monotonic() + random.random() * self._interval
         while not self._stop.is_set():
@@ -759,8 +691,7 @@ class Stream:
                 time.sleep(RETRY_PAUSE_S)
                 next_at = time.monotonic()
                 continue
-            acked.append(seq - 1)
-            acked_at.append(time.monotonic())
+            acked.append((seq - 1, time.monotonic()))
             # A caller that fell behind (blocked, or the shipper was down) does not burst.
             next_at = max(next_at + self._interval, time.monotonic() - self._interval)
 
@@ -787,28 +718,29 @@ class Stream:
     def acknowledged_at(self, events: Collection[str]) -> list[float]:
         """When each of `events` (ids of this stream) was acknowledged to its caller."""
         return [
-            acked_at
-            for slot, (seqs, times) in enumerate(zip(self.acked, self.acked_at, strict=True))
-            for seq, acked_at in zip(seqs, times, strict=True)
+            when
+            for slot, acked in enumerate(self.acked)
+            for seq, when in acked
             if event_id(self.tag, slot, seq) in events
         ]
 
     def acknowledged_ids(self) -> set[str]:
         return {
-            event_id(self.tag, slot, seq) for slot, acked in enumerate(self.acked) for seq in acked
+            event_id(self.tag, slot, seq)
+            for slot, acked in enumerate(self.acked)
+            for seq, _ in acked
         }
 
 
 def kill_run(
     side: Side, bootstrap: str, directory: Path, topic: str, *, profile: Profile, rng: random.Random
-) -> KillRun:
-    """Stream, SIGKILL the shipper `kills_per_run` times, restart it each time, then count."""
-    create_topic(bootstrap, topic, PARTITIONS)
-    shipper = side.launch(directory, bootstrap, topic)
+) -> dict[str, Any]:
+    """Stream, SIGKILL the shipper `kills_per_run` times, restart it each time, then count:
+    the run's ledger as the result lists it."""
     restarts: list[float] = []
     kill_times: list[float] = []
-    try:
-        with side.open_callers(shipper, topic, CALLER_THREADS, False) as callers:
+    with launched(side, bootstrap, directory, topic) as shipper:
+        with side.open_callers(shipper, topic, False) as callers:
             stream = Stream(callers, f"k{directory.name}", profile.stream_rate, side.failures)
             try:
                 # Steady state first: a kill of a shipper that never delivered measures its
@@ -845,50 +777,33 @@ def kill_run(
             idle_timeout=profile.idle_s,
         )
         drain_s = round(time.monotonic() - drain_began, 2)
-    except BaseException:
-        progress(f"{side.name} log:\n{shipper.log_tail()}")
-        raise
-    finally:
-        shipper.stop()
     counted = ledger.tally(expected, seen)
     missing = expected - seen.keys()
     lost_per_kill, lost_after_last_kill = ledger.losses_by_kill(
         stream.acknowledged_at(missing), kill_times
     )
-    return KillRun(
-        **asdict(counted),
-        side=side.name,
-        kills=profile.kills_per_run,
-        failed_sends=sum(stream.failed),
-        offered_rate=profile.stream_rate,
-        acknowledged_rate=round(counted.acknowledged / (stream.stopped - stream.started), 1),
-        restart_s_max=round(max(restarts), 3),
-        drain_s=drain_s,
-        lost_per_kill=lost_per_kill,
-        lost_after_last_kill=lost_after_last_kill,
-        lost_examples=sorted(missing)[:3],
-    )
+    return {
+        "side": side.name,
+        "kills": profile.kills_per_run,
+        "acknowledged": counted.acknowledged,
+        "delivered": counted.delivered,
+        "lost": counted.lost,
+        "duplicates": counted.duplicated,
+        # a send failed by a kill whose event got through
+        "delivered_unacknowledged": counted.unacknowledged_delivered,
+        "delivered_fraction": round(counted.delivered_fraction, 6),
+        "failed_sends": sum(stream.failed),
+        "offered_rate": profile.stream_rate,
+        "acknowledged_rate": round(counted.acknowledged / (stream.stopped - stream.started), 1),
+        "restart_s_max": round(max(restarts), 3),
+        "drain_s": drain_s,
+        "lost_per_kill": [asdict(loss) for loss in lost_per_kill],
+        "lost_after_last_kill": lost_after_last_kill,
+        "lost_examples": sorted(missing)[:3],
+    }
 
 
 # ---- main -------------------------------------------------------------------------------
-
-
-def record_e2e(runs: Runs, name: str, result: E2EResult) -> str:
-    """Add one e2e run's figures to `runs`; a line that describes it."""
-    runs.add(f"{name}_rate", result.rate)
-    runs.add(f"{name}_send_rate", result.send_rate)
-    for stat in ("p50_us", "p99_us", "p999_us", "max_us"):
-        runs.add(f"{name}_latency_{stat}", result.latency_us[stat])
-    for stat, value in (result.ack_latency_us or {}).items():
-        if stat in LATENCY_STATS:
-            runs.add(f"{name}_ack_latency_{stat}", value)
-    runs.add(f"{name}_cpu_us_per_event", result.shipper_cpu_us_per_event)
-    runs.add(f"{name}_broker_cpu_us_per_event", result.broker_cpu_us_per_event)
-    latency = result.latency_us
-    return (
-        f"{result.rate:>8,.0f} events/s end to end, callers {result.send_rate:>8,.0f}/s, "
-        f"send p50 {latency['p50_us']:.0f} us p99 {latency['p99_us']:.0f} us"
-    )
 
 
 def run(args: BenchArgs) -> dict[str, object]:
@@ -910,14 +825,11 @@ def run(args: BenchArgs) -> dict[str, object]:
         "eventspool": str(confluent_kafka.libversion()[0]),
     }
     progress(
-        f"{'quick' if args.quick else 'full'}: {args.repeats} e2e repetitions of "
-        f"{profile.events:,} events x {PAYLOAD_BYTES} B from {CALLER_THREADS} threads; "
-        f"{profile.kill_runs} kill run(s) x {profile.kills_per_run} kills per side; "
-        f"{version}, librdkafka {librdkafka['rsyslog']}"
+        f"{args.repeats} e2e repetitions, {profile}; {version}, librdkafka {librdkafka['rsyslog']}"
     )
     sides = make_sides(rsyslogd, library_dir)
     runs = Runs()
-    kill_runs: list[KillRun] = []
+    kill_runs: list[dict[str, Any]] = []
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     with session:
         broker = session.broker()
@@ -927,8 +839,12 @@ def run(args: BenchArgs) -> dict[str, object]:
                 result = e2e_run(
                     sides[name], broker, scratch / f"{name[0]}{rep}", topic, profile.events
                 )
+                for key, value in result.items():
+                    runs.add(f"{name}_{key}", value)
                 progress(
-                    f"e2e rep {rep + 1}/{args.repeats} {name:6}: {record_e2e(runs, name, result)}"
+                    f"e2e rep {rep + 1}/{args.repeats} {name:6}: {result['rate']:>8,.0f} events/s "
+                    f"end to end, callers {result['send_rate']:>8,.0f}/s, send p50 "
+                    f"{result['latency_p50_us']:.0f} us p99 {result['latency_p99_us']:.0f} us"
                 )
         for rep in range(profile.kill_runs):
             for name in alternate(rep, SIDES):
@@ -941,21 +857,17 @@ def run(args: BenchArgs) -> dict[str, object]:
                     rng=rng,
                 )
                 kill_runs.append(entry)
-                runs.add(f"{name}_delivered_fraction", entry.delivered_fraction)
+                runs.add(f"{name}_delivered_fraction", entry["delivered_fraction"])
                 progress(
-                    f"kill run {rep + 1}/{profile.kill_runs} {name:6}: {entry.kills} kills, "
-                    f"{entry.acknowledged:,} acknowledged, {entry.delivered:,} delivered, "
-                    f"{entry.lost:,} lost, {entry.duplicated:,} duplicates"
+                    f"kill run {rep + 1}/{profile.kill_runs} {name:6}: "
+                    + ", ".join(f"{entry[key]:,} {key}" for key in KILL_COUNTS)
+                    + f"; lost per kill {[loss['lost'] for loss in entry['lost_per_kill']]}"
                 )
     versions = {"rsyslog": version, "librdkafka": librdkafka, "broker": TANSU}
-    kill_json = [k.as_json() for k in kill_runs]
-    return build_result(
-        args, profile, runs, kill_runs=kill_json, session=session, versions=versions
-    )
+    return build_result(profile, runs, kill_runs=kill_runs, session=session, versions=versions)
 
 
 def build_result(
-    args: BenchArgs,
     profile: Profile,
     runs: Runs,
     *,
@@ -964,67 +876,51 @@ def build_result(
     versions: dict[str, Any],
 ) -> dict[str, object]:
     m = runs.medians()
-    keys = ("kills", "acknowledged", "delivered", "lost", "duplicates", "failed_sends")
+    by_side = {side: [k for k in kill_runs if k["side"] == side] for side in SIDES}
     totals = {
-        side: {key: sum(int(k[key]) for k in kill_runs if k["side"] == side) for key in keys}
-        for side in SIDES
+        side: {key: sum(int(k[key]) for k in runs_of) for key in KILL_COUNTS}
+        for side, runs_of in by_side.items()
     }
     # Loss is pooled over every kill, not the median of runs: one kill that lands while a
     # restarted shipper is still connecting can take most of a run's loss, and a median
     # of a few runs would hide exactly that.
     pooled = {
-        side: ledger.delivered_fraction(totals[side]["delivered"], totals[side]["acknowledged"])
-        for side in SIDES
+        side: ledger.delivered_fraction(total["delivered"], total["acknowledged"])
+        for side, total in totals.items()
     }
 
     def compared(
-        name: str,
-        key: str,
-        unit: str,
-        title: str,
-        digits: int | None = None,
-        *,
-        lower: bool = False,
+        name: str, key: str, unit: str, title: str, digits: int | None = None
     ) -> dict[str, object]:
         """The figure `name`: the median of ours' `key` against the anchor's (for the
-        acknowledgement latency, the anchor's send latency)."""
-        anchor_key = key.removeprefix("ack_")
-        ours, anchor = round(m[f"ours_{key}"], digits), round(m[f"anchor_{anchor_key}"], digits)
+        acknowledgement latency, the anchor's send latency); with `digits`, a cost, where
+        lower is better."""
+        ours, anchor = m[f"ours_{key}"], m[f"anchor_{key.removeprefix('ack_')}"]
         return figure(
             name,
-            ours,
-            anchor,
+            round(ours, digits),
+            round(anchor, digits),
             unit=unit,
             title=title,
             anchor_is=RSYSLOG,
-            higher_is_better=not lower,
+            higher_is_better=digits is None,
         )
 
-    latencies = [(stat.removesuffix("_us"), stat, label) for stat, label in LATENCY_STATS.items()]
+    latencies = [
+        (f"latency_{stat.removesuffix('_us')}", f"latency_{stat}", label)
+        for stat, label in LATENCY_STATS.items()
+    ]
+    # (figure, key, title): every caller's wait, and ours until the event is on disk
+    waits = [
+        (f"caller_{name}", key, f"Caller's wait per send, {label}")
+        for name, key, label in latencies
+    ] + [
+        (f"ours_ack_{name}", f"ack_{key}", f"Ours: send until on disk, {label} (anchor: its send)")
+        for name, key, label in latencies[:2]
+    ]
     figures = [
         compared("caller_send_rate", "send_rate", "events/s", "Callers' send rate, 8 threads"),
-        *(
-            compared(
-                f"caller_latency_{n}",
-                f"latency_{stat}",
-                "us",
-                f"Caller's wait per send, {label}",
-                1,
-                lower=True,
-            )
-            for n, stat, label in latencies
-        ),
-        *(
-            compared(
-                f"ours_ack_latency_{n}",
-                f"ack_latency_{stat}",
-                "us",
-                f"Ours: send until on disk, {label} (anchor: its send)",
-                1,
-                lower=True,
-            )
-            for n, stat, label in latencies[:2]
-        ),
+        *(compared(name, key, "us", title, 1) for name, key, title in waits),
         figure(
             "sigkill_delivered_fraction",
             round(pooled["ours"], 6),
@@ -1048,17 +944,11 @@ def build_result(
             "us CPU per event",
             "CPU of the shipper process per event",
             2,
-            lower=True,
         ),
     ]
-    librdkafka = versions["librdkafka"]
+    title = "Events/s from callers into Kafka through the local shipper, 8 threads"
     return {
-        **compared(
-            FIGURE,
-            "rate",
-            "events/s",
-            "Events/s from callers into Kafka through the local shipper, 8 threads",
-        ),
+        **compared(FIGURE, "rate", "events/s", title),
         "figures": figures,
         "latency_us": {
             side: {
@@ -1067,23 +957,13 @@ def build_result(
             for side in SIDES
         },
         "ack_latency_us": {stat: round(m[f"ours_ack_latency_{stat}"], 1) for stat in LATENCY_STATS},
-        "latency_note": "both callers fire and go: a syslog datagram send() returns once the "
-        "kernel queued it on rsyslogd's socket (nothing is on disk, rsyslogd may not have read "
-        "it, and the caller never learns more); the eventspool Client's send_async() returns "
-        "once the event is queued for the agent, and its future resolves once the event is in "
-        "the agent's spool file (ack_latency_us: from the call until then)",
         "sigkill": {
             "totals": totals,
             "lost_per_kill": {
                 side: ledger.loss_spread(
-                    [
-                        loss["lost"]
-                        for k in kill_runs
-                        if k["side"] == side
-                        for loss in k["lost_per_kill"]
-                    ]
+                    [loss["lost"] for k in runs_of for loss in k["lost_per_kill"]]
                 )
-                for side in SIDES
+                for side, runs_of in by_side.items()
             },
             "delivered_fraction_median_of_runs": {
                 side: round(m[f"{side}_delivered_fraction"], 6) for side in SIDES
@@ -1094,51 +974,22 @@ def build_result(
             side: round(m[f"{side}_broker_cpu_us_per_event"], 2) for side in SIDES
         },
         "settings": {
-            "events_per_e2e_run": profile.events,
+            **asdict(profile),
             "warmup_events": WARMUP_EVENTS,
             "payload_bytes": PAYLOAD_BYTES,
-            "payload": "id=TAG-CALLER-SEQ then fixed printable filler; keyless",
             "topic_partitions": PARTITIONS,
             "caller_threads": CALLER_THREADS,
-            "ours": "eventspool agent process, default settings; one Client shared by the "
-            "caller threads: send_async(topic, value) in the end-to-end runs (each future "
-            "checked), send(topic, value) in the SIGKILL runs",
-            "anchor": "rsyslogd -n, imuxsock on its own socket (rate limit off) -> omkafka "
-            "(lz4, idempotent, acks=all) with a LinkedList disk-assisted action queue "
-            "(queue.filename, size 100000, maxDiskSpace 1g, saveOnShutdown on, "
-            "resumeRetryCount -1, resubmitOnFailure, keepFailedMessages); one connected "
-            "unix datagram socket per caller thread, syslog(3) message format",
-            "anchor_librdkafka": "the confluent-kafka wheel's librdkafka via LD_LIBRARY_PATH "
-            "(Debian's cannot parse tansu's ApiVersion v3 answer)"
-            if librdkafka["rsyslog"] != librdkafka["system"]
-            else "the system librdkafka",
-            "e2e_rate": "events / (first send until a consumer polling every "
-            f"{WATCH_POLL_S * 1000:.0f} ms, fetches waiting as long at most, has read "
-            "every id)",
-            "kill_runs_per_side": profile.kill_runs,
-            "kills_per_run": profile.kills_per_run,
-            "kill_delay_s": list(profile.kill_delay_s),
-            "stream_rate_events_per_s": profile.stream_rate,
+            "reader_poll_s": WATCH_POLL_S,
             "progress_events_before_each_kill": PROGRESS_EVENTS,
-            "drain": f"ours: agent STATS show nothing unacknowledged; anchor: no new record "
-            f"for {profile.idle_s} s",
         },
         "runs": runs.listed(),
         **provenance(
-            args, load_start=session.load_start, filesystem=session.filesystem, versions=versions
+            session.args,
+            load_start=session.load_start,
+            filesystem=session.filesystem,
+            versions=versions,
         ),
     }
-
-
-def print_kills(result: dict[str, Any]) -> None:
-    """What each kill took, below the table of figures."""
-    sigkill = result["sigkill"]
-    print(f"\nSIGKILL totals: {json.dumps(sigkill['totals'])}", file=sys.stderr)
-    for entry in sigkill["ledgers"]:
-        per_kill = ", ".join(
-            f"{loss['lost']} (oldest {loss['window_ms']:.0f} ms)" for loss in entry["lost_per_kill"]
-        )
-        print(f"  {entry['side']:6} lost per kill: {per_kill}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1150,12 +1001,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             help=f"events per e2e run (default {FULL.events:,}, {QUICK.events:,} with --quick)",
         )
 
-    def run_and_show(args: BenchArgs) -> dict[str, Any]:
-        result = run(args)
-        print_kills(result)
-        return result
-
-    return bench_main("The eventspool agent against rsyslog + omkafka", run_and_show, argv, extra)
+    return bench_main("The eventspool agent against rsyslog + omkafka", run, argv, extra)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ What one run measures (each figure is the median over the repetitions):
    writing one JSON line per record to a new file per pass on the same file system (what
    a team writes for a log shipper to tail). It flushes each record to the kernel, so a
    record is in the page cache, as safe against a killed process as ours, on return.
-3. The same with `THREADS` threads released together, each logging its share.
+3. The same with `THREADS` threads released together, each logging its share; a rate
+   is records over the wall time from their release to the last one's end.
 
 Each record is ``logger.info("request %s done in %d ms", REQUEST_ID, MS, extra=...)``
 with three extra fields (request id, status, path); its JSON is about 300 bytes. The
@@ -176,17 +177,10 @@ def run(args: BenchArgs) -> dict[str, object]:
         "payload_bytes": record_bytes(),
         "settings": {
             "records_per_pass": records,
-            "record": 'logger.info("request %s done in %d ms", ID, MS, extra={request_id, '
-            "status, path}), formatted by eventspool.logging.JsonFormatter for both handlers",
-            "ours": "SpoolHandler on a Spool of its own, durability process, "
-            f"{CAPACITY_BYTES // MIB} MiB ring, 1 partition, keyless, no sender; emptied "
-            "between passes",
-            "anchor": "logging.FileHandler (buffered, flushed to the kernel per record, no "
-            "fsync), a new file per pass on the same file system",
-            "threads": f"1, and {THREADS} threads started together, each logging its share",
-            "order": "the anchor, then ours, for each thread count in each repetition",
-            "rate": "records / wall time from the threads' release to the last one's end",
-            "cpu": "process_time() over the pass / records",
+            "warmup_records": WARMUP_RECORDS,
+            "threads": [1, THREADS],
+            "ring_bytes": CAPACITY_BYTES,
+            "partitions": 1,
         },
         "runs": runs.listed(),
         **session.provenance(broker=None, packages=()),

@@ -9,11 +9,11 @@ process is counted (librdkafka's included); valgrind runs them one at a time. St
 under valgrind (about 10 s of CPU per lane), not the events counted, is most of a lane's
 time, so a quick run counts only a little fewer.
 
-Lanes: `send` and `send_keyed` (`Spool.send()` of 100-byte values, durability process,
-4 partitions), `produce` and `produce_keyed` (`Producer.produce()` into librdkafka's
-memory, nothing sent), `e2e_spool` (send then flush to the broker's acknowledgement,
-keyed, 12 partitions) and `e2e_producer` (an idempotent producer doing the same, with
-a delivery callback per message, as bench/e2e.py's anchor).
+Lanes: `send` (`Spool.send()` of keyless 100-byte values, durability process, 4
+partitions), `produce` (`Producer.produce()` of the same into librdkafka's memory,
+nothing sent), `e2e_spool` (send then flush to the broker's acknowledgement, keyed, 12
+partitions) and `e2e_producer` (an idempotent producer doing the same, with a delivery
+callback per message, as bench/e2e.py's anchor).
 """
 
 from __future__ import annotations
@@ -108,11 +108,12 @@ def _measured(loop: Callable[[], None]) -> None:
     os.getppid()
 
 
-def _calls(call: Send, events: int, keyed: bool) -> None:
-    """Warm `call` up, then measure `events` calls of it: the same loop for both sides."""
+def _calls(call: Send, events: int) -> None:
+    """Warm `call` up, then measure `events` keyless calls of it: the same loop for both
+    sides."""
     for i in range(WARMUP_EVENTS):
         call("ipe", PAYLOAD, KEYS[i % 4])
-    keys = [KEYS[i % len(KEYS)] if keyed else None for i in range(events)]
+    keys = [None] * events
 
     def loop() -> None:
         for key in keys:
@@ -121,15 +122,15 @@ def _calls(call: Send, events: int, keyed: bool) -> None:
     _measured(loop)
 
 
-def _spool_lane(events: int, keyed: bool) -> None:
+def _spool_lane(events: int) -> None:
     with tempfile.TemporaryDirectory() as directory, Spool(directory) as spool:
         spool.set_partition_count("ipe", 4)
-        _calls(spool.send, events, keyed)
+        _calls(spool.send, events)
 
 
-def _producer_lane(events: int, keyed: bool) -> None:
+def _producer_lane(events: int) -> None:
     producer = Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0})
-    _calls(producer.produce, events, keyed)
+    _calls(producer.produce, events)
     producer.purge()
 
 
@@ -195,10 +196,8 @@ def _e2e_producer_lane(events: int, bootstrap: str) -> None:
 
 
 _LANES: dict[str, Callable[[int, list[str]], None]] = {
-    "send": lambda events, _: _spool_lane(events, keyed=False),
-    "send_keyed": lambda events, _: _spool_lane(events, keyed=True),
-    "produce": lambda events, _: _producer_lane(events, keyed=False),
-    "produce_keyed": lambda events, _: _producer_lane(events, keyed=True),
+    "send": lambda events, _: _spool_lane(events),
+    "produce": lambda events, _: _producer_lane(events),
     "e2e_spool": lambda events, rest: _e2e_spool_lane(events, rest[0]),
     "e2e_producer": lambda events, rest: _e2e_producer_lane(events, rest[0]),
 }
