@@ -21,10 +21,10 @@ from eventspool.broker import LocalBroker
 from eventspool.verify import consume_event_ids, ledger
 from tests.fault.children import run_and_kill
 from tests.fault.retry_child import event_id_of
-from tests.spark.conftest import SPARK_MARKS
+from tests.spark.conftest import SPARK_COMMAND_MARKS
 from tests.spark.pipeline_data import RULES_TOML, archive_ids, pipeline_command
 
-pytestmark = [*SPARK_MARKS, pytest.mark.fault]
+pytestmark = [*SPARK_COMMAND_MARKS, pytest.mark.fault]
 
 RecordProperty = Callable[[str, object], None]
 EVENTS = 3_000
