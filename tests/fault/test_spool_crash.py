@@ -23,6 +23,9 @@ from eventspool.spool.partitioner import partition_for_key
 from eventspool.spool.ring import RingQueue
 from tests.fault.children import run_and_kill
 from tests.fault.spool_writer import (
+    ACK_BEGUN,
+    ACKED,
+    RING,
     RING_CAPACITY,
     SPOOL_PARTITIONS,
     SPOOL_TOPIC,
@@ -58,16 +61,15 @@ def test_ring_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
         done_ack = head - 1
         intent_ack = head - 1
         last_appended = report.start - 1
-        for line in report.lines:
-            tag, *fields = line.split()
-            if tag == "A":
-                counter, seq = int(fields[0]), int(fields[1])
+        for line in report.acknowledged:
+            if line.target == RING:
+                counter, seq = int(line.event_id), int(line.value)
                 assert seq == counter == last_appended + 1, f"{where}: append order {line}"
                 last_appended = seq
-            elif tag == "k":
-                intent_ack = int(fields[1])
-            elif tag == "K":
-                done_ack = int(fields[1])
+            elif line.target == ACK_BEGUN:
+                intent_ack = int(line.event_id)
+            elif line.target == ACKED:
+                done_ack = int(line.event_id)
                 assert done_ack == intent_ack, f"{where}: ack reported out of order"
             else:
                 raise AssertionError(f"{where}: unexpected line {line}")
@@ -156,18 +158,17 @@ def test_spool_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
         done_ack: dict[int, int] = defaultdict(lambda: -1)
         intent_ack: dict[int, int] = defaultdict(lambda: -1)
         last_sent = report.start - 1
-        for line in report.lines:
-            tag, first_field, second_field = line.split()
-            if tag == "S":
-                counter = int(first_field)
+        for line in report.acknowledged:
+            if line.target == SPOOL_TOPIC:
+                counter = int(line.value)
                 assert counter == last_sent + 1, f"{where}: send order {line}"
                 last_sent = counter
-                ledger.ids[counter] = second_field
+                ledger.ids[counter] = line.event_id
                 candidates[partition_for_key(key_for(counter), SPOOL_PARTITIONS)].append(counter)
-            elif tag == "k":
-                intent_ack[int(first_field)] = int(second_field)
-            elif tag == "K":
-                done_ack[int(first_field)] = int(second_field)
+            elif line.target == ACK_BEGUN:
+                intent_ack[int(line.value)] = int(line.event_id)
+            elif line.target == ACKED:
+                done_ack[int(line.value)] = int(line.event_id)
             else:
                 raise AssertionError(f"{where}: unexpected line {line}")
         in_flight = last_sent + 1

@@ -56,8 +56,9 @@ def _publish(
             args,
             until=lambda reader, child: _wait_for_done(reader.lines, child),
         )
-        assert report.lines[-1] == "D 0", f"not all delivered: {report.lines[-1]}"
-    return [int(line) for line in report.lines if line.isdigit()]
+        assert report.said[-1] == "D 0", f"not all delivered: {report.said[-1]}"
+    index_of = {event_id_of(seed, index): index for index in range(start, EVENTS)}
+    return [index_of[line.event_id] for line in report.acknowledged]
 
 
 def _wait_for_done(lines: list[str], child: subprocess.Popen[bytes]) -> None:
