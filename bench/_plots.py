@@ -9,6 +9,7 @@ so that a test can measure what was drawn.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -150,12 +151,4 @@ def _short(value: float) -> str:
 
 
 def _wrap(text: str, width: int) -> str:
-    words, lines, line = text.split(), [], ""
-    for word in words:
-        if line and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}".strip()
-    lines.append(line)
-    return "\n".join(lines)
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)

@@ -107,24 +107,17 @@ def _section(run: Mapping[str, Any], bench_dir: Path) -> list[str]:
         "",
     ]
     if method:
-        fence = "`" * 3
-        lines += [
-            "<details><summary>How it is measured</summary>",
-            "",
-            f"{fence}text",
-            method,
-            fence,
-            "",
-            "</details>",
-            "",
-        ]
+        lines += _details("How it is measured", ["```text", method, "```"])
     details = [(key, result[key]) for key in _DETAIL_KEYS if key in result]
     if details:
-        lines += ["<details><summary>Settings</summary>", ""]
-        for key, value in details:
-            lines += [f"- **{key}**", *_bullets(value, indent=1)]
-        lines += ["", "</details>", ""]
+        bullets = [line for key, value in details for line in [f"- **{key}**", *_bullets(value, 1)]]
+        lines += _details("Settings", bullets)
     return lines
+
+
+def _details(summary: str, body: list[str]) -> list[str]:
+    """A folded block of the page."""
+    return [f"<details><summary>{summary}</summary>", "", *body, "", "</details>", ""]
 
 
 def _provenance(run: Mapping[str, Any]) -> str:

@@ -48,9 +48,7 @@ from eventspool.envelope import EventIdGenerator
 from eventspool.errors import EventspoolError, SpoolClosedError, SpoolFullError
 from eventspool.testing.agent import UnixHTTPConnection
 from eventspool.testing.ledger import HandlerLedger, LedgerWriter
-from harness.producer import sender_producer_config
-
-# ---- the workload -----------------------------------------------------------------
+from harness.producer import anchor_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +90,8 @@ CONSUMER_KAFKA: dict[str, str | int | float | bool] = {
 CONSUMER_WORKERS = 2
 _CATCH_UP_LIMIT_S = 1.0  # a sender that fell further behind its pace skips the rest
 _PIDS_EVERY_S = 0.5
+_HTTP_BATCH_MEAN = 4.5  # events per POST: 1-8
+_HTTP_ERRORS = (OSError, http.client.HTTPException, ValueError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +155,30 @@ class Pacer:
         return max(delay, 0.0)
 
 
+def refusal_reason(error: BaseException) -> str:
+    """Why the agent (or the anchor's producer) did not acknowledge an event, in the words
+    of the soak's report."""
+    text = str(error).lower()
+    if "no space left" in text:
+        return "disk_full"
+    if isinstance(error, SpoolFullError):
+        return "spool_full"
+    if isinstance(error, BufferError):
+        return "buffer_full"
+    if isinstance(error, SpoolClosedError):
+        return "agent_shutting_down"
+    if isinstance(error, AgentError):
+        return "agent_internal_error" if "internal error" in text else "agent_unreachable"
+    return type(error).__name__
+
+
+def _die(error: BaseException) -> NoReturn:
+    """An error no send should raise ends the process, so the soak sees it and stops."""
+    traceback.print_exception(error, file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(3)
+
+
 class Tally:
     """What one sender reports: acknowledged events, and refused ones by reason."""
 
@@ -164,6 +188,18 @@ class Tally:
         self.refused: Counter[str] = Counter()
         self.examples: dict[str, str] = {}
         self._lock = threading.Lock()
+
+    def settle(self, target: str, send: Callable[..., str], *args: Any, **kwargs: Any) -> None:
+        """`send(*args, **kwargs)`: the event id it returns is acknowledged, a refusal
+        (an EventspoolError, or BufferError from the anchor) is counted by reason."""
+        try:
+            event_id = send(*args, **kwargs)
+        except (EventspoolError, BufferError) as exc:
+            self.refuse(refusal_reason(exc), str(exc))
+        except BaseException as exc:
+            _die(exc)
+        else:
+            self.ack(event_id, target)
 
     def ack(self, event_id: str, target: str) -> None:
         self.ledger.append(event_id, target)
@@ -186,54 +222,15 @@ class Tally:
         path.write_text(json.dumps({**summary, **extra}))
 
 
-def refusal_reason(error: BaseException) -> str:
-    """Why the agent did not acknowledge an event, in the words of the soak's report."""
-    text = str(error).lower()
-    if "no space left" in text:
-        return "disk_full"
-    if isinstance(error, SpoolFullError):
-        return "spool_full"
-    if isinstance(error, SpoolClosedError):
-        return "agent_shutting_down"
-    if isinstance(error, AgentError):
-        return "agent_internal_error" if "internal error" in text else "agent_unreachable"
-    return type(error).__name__
-
-
-def _die(error: BaseException) -> NoReturn:
-    """An error no send should raise ends the process, so the soak sees it and stops."""
-    traceback.print_exception(error, file=sys.stderr)
-    sys.stderr.flush()
-    os._exit(3)
-
-
-def _stop_on_sigterm() -> threading.Event:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
-    return stop
-
-
-# ---- the producers ----------------------------------------------------------------
-
-
-def run_sync(args: argparse.Namespace) -> None:
+def run_sync(args: argparse.Namespace, stop: threading.Event, tally: Tally) -> dict[str, object]:
     """Threads sharing one `Client`; a failed send is counted, never retried."""
-    stop = _stop_on_sigterm()
-    tally = Tally(args.ledger)
     client = Client(args.socket, timeout=10.0)
     rng = random.Random(args.seed)
 
     def loop(maker: EventMaker, pacer: Pacer) -> None:
         while not stop.wait(pacer.next_delay()):
-            event = maker.next()
-            try:
-                event_id = client.send(event.topic, event.value, event.key, exchange=event.exchange)
-            except EventspoolError as exc:
-                tally.refuse(refusal_reason(exc), str(exc))
-                continue
-            except BaseException as exc:
-                _die(exc)
-            tally.ack(event_id, event.target)
+            e = maker.next()
+            tally.settle(e.target, client.send, e.topic, e.value, e.key, exchange=e.exchange)
 
     threads = [
         threading.Thread(
@@ -247,14 +244,13 @@ def run_sync(args: argparse.Namespace) -> None:
     for thread in threads:
         thread.join()
     client.close()
-    tally.write(args.summary)
+    return {}
 
 
-def run_async(args: argparse.Namespace) -> None:
+def run_async(args: argparse.Namespace, stop: threading.Event, tally: Tally) -> dict[str, object]:
     """One `AsyncClient`, each send a task of its own, up to `--in-flight` at once."""
-    stop = _stop_on_sigterm()
-    tally = Tally(args.ledger)
     maker = EventMaker(random.Random(args.seed))
+    tasks: set[asyncio.Task[None]] = set()
 
     async def send(client: AsyncClient, event: Event, slots: asyncio.Semaphore) -> None:
         try:
@@ -267,8 +263,6 @@ def run_async(args: argparse.Namespace) -> None:
             tally.ack(event_id, event.target)
         finally:
             slots.release()
-
-    tasks: set[asyncio.Task[None]] = set()
 
     def finished(task: asyncio.Task[None]) -> None:
         tasks.discard(task)
@@ -290,77 +284,53 @@ def run_async(args: argparse.Namespace) -> None:
         await client.close()
 
     asyncio.run(main())
-    tally.write(args.summary)
+    return {}
 
 
-_HTTP_ERRORS = (OSError, http.client.HTTPException)
-
-
-def run_http(args: argparse.Namespace) -> None:
+def run_http(args: argparse.Namespace, stop: threading.Event, tally: Tally) -> dict[str, object]:
     """POSTs of 1-8 events to /v1/topics/T or /v1/exchanges/X, on one kept-alive connection."""
-    stop = _stop_on_sigterm()
-    tally = Tally(args.ledger)
     rng = random.Random(args.seed)
     maker = EventMaker(rng)
-    pacer = Pacer(args.rate / 4.5)  # batches of 1-8 events: 4.5 on average
+    pacer = Pacer(args.rate / _HTTP_BATCH_MEAN)
     connection: UnixHTTPConnection | None = None
     while not stop.wait(pacer.next_delay()):
         first = maker.next()
         batch = [first, *(maker.like(first.topic, first.exchange) for _ in range(rng.randrange(8)))]
-        path = (
-            f"/v1/topics/{first.topic}"
-            if first.topic is not None
-            else f"/v1/exchanges/{first.exchange}"
-        )
-        body: dict[str, Any] = {"events": [_http_event(event) for event in batch]}
-        if connection is None:
-            connection = UnixHTTPConnection(args.socket, timeout=10.0)
+        path = f"/v1/topics/{first.topic}" if first.topic else f"/v1/exchanges/{first.exchange}"
+        events = [
+            {"value": e.value.decode(), **({"key": e.key.decode()} if e.key else {})} for e in batch
+        ]
+        connection = connection or UnixHTTPConnection(args.socket, timeout=10.0)
         try:
-            connection.request("POST", path, body=json.dumps(body).encode())
+            connection.request("POST", path, body=json.dumps({"events": events}).encode())
             response = connection.getresponse()
             answer = json.loads(response.read())
-        except (*_HTTP_ERRORS, ValueError) as exc:
+        except _HTTP_ERRORS as exc:
             connection.close()
             connection = None
             tally.refuse("agent_unreachable", repr(exc), len(batch))
             continue
         for event, result in zip(batch, answer.get("results", []), strict=False):
-            if result.get("status") == "ok":
+            status, error = result.get("status", ""), result.get("error", "")
+            if status == "ok":
                 tally.ack(result["event_id"], event.target)
+            elif "no space left" in error.lower():
+                tally.refuse("disk_full", error)
             else:
-                reason = _http_reason(result.get("status", ""), result.get("error", ""))
-                tally.refuse(reason, result.get("error", ""))
+                reason = {
+                    "internal": "agent_internal_error",
+                    "shutting_down": "agent_shutting_down",
+                }
+                tally.refuse(reason.get(status, status), error)
         if "results" not in answer:
             tally.refuse(f"http_{response.status}", json.dumps(answer), len(batch))
     if connection is not None:
         connection.close()
-    tally.write(args.summary)
+    return {}
 
 
-def _http_event(event: Event) -> dict[str, str]:
-    item = {"value": event.value.decode()}
-    if event.key is not None:
-        item["key"] = event.key.decode()
-    return item
-
-
-def _http_reason(status: str, error: str) -> str:
-    if "no space left" in error.lower():
-        return "disk_full"
-    if status == "internal":
-        return "agent_internal_error"
-    if status == "shutting_down":
-        return "agent_shutting_down"
-    return status
-
-
-# ---- the anchor -------------------------------------------------------------------
-
-
-def run_anchor(args: argparse.Namespace) -> None:
+def run_anchor(args: argparse.Namespace, stop: threading.Event, tally: Tally) -> dict[str, object]:
     """A bare producer: "acknowledged" once produce() returned, as an application sees it."""
-    stop = _stop_on_sigterm()
-    tally = Tally(args.ledger)
     maker = EventMaker(random.Random(args.seed), only_topic=ANCHOR_TOPIC)
     ids = EventIdGenerator()
     reports: Counter[str] = Counter()
@@ -372,29 +342,18 @@ def run_anchor(args: argparse.Namespace) -> None:
         reports["errors"] += 1
 
     producer: Any = confluent_kafka.Producer(
-        {
-            **sender_producer_config(args.bootstrap),
-            "partitioner": "murmur2_random",
-            "on_delivery": on_delivery,
-            "error_cb": on_error,
-        }
+        {**anchor_config(args.bootstrap, on_error), "on_delivery": on_delivery}
     )
+
+    def produce(event: Event, event_id: str) -> str:
+        producer.produce(ANCHOR_TOPIC, event.value, event.key, headers=[("event_id", event_id)])
+        return event_id
+
     pacer = Pacer(args.rate)
     while not stop.wait(pacer.next_delay()):
-        event = maker.next()
-        event_id = ids.next_id()
-        try:
-            producer.produce(ANCHOR_TOPIC, event.value, event.key, headers=[("event_id", event_id)])
-        except BufferError as exc:
-            tally.refuse("buffer_full", str(exc))
-        else:
-            tally.ack(event_id, ANCHOR_TOPIC)
+        tally.settle(ANCHOR_TOPIC, produce, maker.next(), ids.next_id())
         producer.poll(0)
-    unflushed = producer.flush(30.0)
-    tally.write(args.summary, reports=dict(reports), unflushed=unflushed)
-
-
-# ---- the consumer -----------------------------------------------------------------
+    return {"reports": dict(reports), "unflushed": producer.flush(30.0)}
 
 
 def run_consumer(args: argparse.Namespace) -> None:
@@ -424,26 +383,21 @@ def run_consumer(args: argparse.Namespace) -> None:
     args.summary.write_text(json.dumps({"status": status.line()}))
 
 
-# ---- command line -----------------------------------------------------------------
-
-_RUNNERS: dict[str, Callable[[argparse.Namespace], None]] = {
+_SENDERS: dict[str, Callable[[argparse.Namespace, threading.Event, Tally], dict[str, object]]] = {
     "sync": run_sync,
     "async": run_async,
     "http": run_http,
     "anchor": run_anchor,
-    "consumer": run_consumer,
 }
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("kind", choices=sorted(_RUNNERS))
-    parser.add_argument("--socket", type=Path)
-    parser.add_argument("--bootstrap")
-    parser.add_argument("--ledger", type=Path)
-    parser.add_argument("--ledger-dir", type=Path)
+    parser.add_argument("kind", choices=sorted([*_SENDERS, "consumer"]))
+    for option in ("--socket", "--ledger", "--ledger-dir", "--pids"):
+        parser.add_argument(option, type=Path)
     parser.add_argument("--summary", type=Path, required=True)
-    parser.add_argument("--pids", type=Path)
+    parser.add_argument("--bootstrap")
     parser.add_argument("--group")
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--threads", type=int, default=4)
@@ -451,7 +405,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        _RUNNERS[args.kind](args)
+        if args.kind == "consumer":
+            run_consumer(args)
+        else:
+            stop = threading.Event()
+            signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+            tally = Tally(args.ledger)
+            tally.write(args.summary, **_SENDERS[args.kind](args, stop, tally))
 
 
 if __name__ == "__main__":

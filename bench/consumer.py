@@ -1,35 +1,31 @@
 """Consumer throughput: eventspool's Consumer against a bare confluent-kafka consume loop.
 
 (a) No-op handler. One topic (4 partitions) holds N events of 100 bytes, keyed by
-    cycling over 10k users, each with an `event_id` header. Each run reads all of them
-    with a fresh consumer group, so both sides read the same records from the same broker:
+    cycling over 10k users, each with an `event_id` header; each run reads all of them
+    with a fresh consumer group.
     * ours: `Consumer(workers=2)` with the default settings (ordering by key, 200 events
       per worker batch, 10,000 buffered) and a handler that does nothing. Rate = events
       processed between the first status snapshot that shows a received event and the one
-      that shows all N processed, divided by the time between those two snapshots (the
-      poll thread stamps each snapshot), so the slow group join on the embedded broker is
-      left out on both sides.
-    * the anchor: a `confluent_kafka.Consumer` in the same group settings, subscribed,
-      calling the same no-op function on each message from `consume(1000, 0.1)` with
-      auto-commit on (the loop most users write). Rate = N / (first message to last).
-      It gets `fetch.queue.backoff.ms=100`, the value `Consumer` sets by default: with
-      librdkafka's own 1 s, a loop that drains librdkafka's 100,000-event queue faster
-      than that stops fetching for the rest of the second, zero to two times per read,
-      so the anchor read 220k or 1M events/s by chance and the ratio moved with it.
-      The steadier figure is ours' parent CPU per event: the CPU time of the consumer's
-      own process (its poll thread and librdkafka's threads) between the same two
-      snapshots, divided by the events processed in between.
+      that shows all N processed, over the time between them (the poll thread stamps each
+      snapshot), so the slow group join on the embedded broker is left out on both sides.
+      Also reported: the CPU of the consumer's own process (its poll thread and
+      librdkafka's threads) per event between the same snapshots, a steadier figure.
+    * the anchor: a `confluent_kafka.Consumer` with the same group settings, subscribed,
+      calling the same no-op function on each message of `consume(1000, 0.1)`, auto-commit
+      on (the loop most users write); rate = N / (first message to last). It gets
+      `fetch.queue.backoff.ms=100`, as `Consumer` sets by default: with librdkafka's own
+      1 s, a loop that drains the 100,000-event queue faster than that stops fetching for
+      the rest of the second, and the anchor's rate moved by a factor of four by chance.
 (b) CPU-bound handler: each event burns 1 ms of CPU (`time.thread_time`), M events,
-    `Consumer` with 1 and then 2 workers, rate measured as in (a). Scaling = rate with 2
-    workers / rate with 1. The machine has two cores, which the poll thread, librdkafka
-    and the broker share with the workers.
+    `Consumer` with 1 and then 2 workers, rate as in (a); the anchor is the 1-worker rate.
+    The machine's two cores are shared with the poll thread, librdkafka and the broker.
 (c) I/O-bound handler: `async def`, awaiting 10 ms (`asyncio.sleep`) per event, K
-    events, `Consumer` with 2 workers and concurrency 100 per worker, rate measured as in
-    (a). The anchor is the ideal: workers x concurrency / 10 ms = 20,000 events/s.
-    It runs on a broker of its own, started after (a) and (b): the embedded broker's
-    fetches slow down as it holds more data, which would hold (a)'s anchor back.
+    events, `Consumer` with 2 workers and concurrency 100 per worker, rate as in (a). The
+    anchor is the ideal: workers x concurrency / 10 ms = 20,000 events/s. It runs on a
+    broker of its own, started after (a) and (b): the embedded broker's fetches slow down
+    as it holds more data, which would hold (a)'s anchor back.
 
-Runs alternate between ours and the anchor. The LAST stdout line is one JSON object.
+Runs alternate between ours and the anchor.
 """
 
 from __future__ import annotations
@@ -38,8 +34,8 @@ import asyncio
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer
@@ -49,15 +45,12 @@ from eventspool.consumer import Consumer, ConsumerSettings, Record
 from harness.cli import BenchArgs, bench_main
 from harness.figures import figure
 from harness.output import progress
-from harness.runs import alternate, median, safe_ratio
+from harness.runs import Runs, alternate, safe_ratio
 from harness.session import Session
 
-FULL_EVENTS = 300_000
-QUICK_EVENTS = 60_000
-FULL_CPU_EVENTS = 6_000
-QUICK_CPU_EVENTS = 2_000
-FULL_IO_EVENTS = 60_000
-QUICK_IO_EVENTS = 20_000
+EVENTS = {True: 60_000, False: 300_000}  # by --quick
+CPU_EVENTS = {True: 2_000, False: 6_000}
+IO_EVENTS = {True: 20_000, False: 60_000}
 IO_WAIT_S = 0.010
 IO_WORKERS = 2
 IO_CONCURRENCY = 100
@@ -100,15 +93,11 @@ def fill_topic(bootstrap: str, topic: str, count: int) -> None:
     producer.flush(60)
 
 
-class Measured(NamedTuple):
-    rate: float
-    parent_cpu_us: float  # CPU of the consumer's process per event
-
-
 def ours(
     bootstrap: str, topic: str, count: int, handler: Any, workers: int, **settings: Any
-) -> Measured:
-    """Events per second through Consumer, from status snapshots (see the module doc)."""
+) -> tuple[float, float]:
+    """Events per second through Consumer, from status snapshots (see the module doc),
+    and the CPU of this process per event in microseconds."""
     consumer = Consumer(
         f"bench-ours-{uuid.uuid4().hex[:8]}",
         [topic],
@@ -129,7 +118,7 @@ def ours(
             if status.counters.processed >= count and first is not None:
                 done = status.counters.processed - first.counters.processed
                 cpu_us = (time.process_time() - first_cpu) * 1e6 / done
-                return Measured(done / (status.taken_at - first.taken_at), cpu_us)
+                return done / (status.taken_at - first.taken_at), cpu_us
             time.sleep(0.005)
         raise RuntimeError(f"ours: {consumer.status().line()} after {TIMEOUT_S} s")
     finally:
@@ -168,66 +157,49 @@ def anchor(bootstrap: str, topic: str, count: int) -> float:
 
 
 def run(args: BenchArgs) -> dict[str, object]:
-    events = QUICK_EVENTS if args.quick else FULL_EVENTS
-    cpu_events = QUICK_CPU_EVENTS if args.quick else FULL_CPU_EVENTS
-    io_events = QUICK_IO_EVENTS if args.quick else FULL_IO_EVENTS
+    events, cpu_events, io_events = (
+        EVENTS[args.quick],
+        CPU_EVENTS[args.quick],
+        IO_EVENTS[args.quick],
+    )
+    runs = Runs()
     with Session(args, "consumer") as session:
         with LocalBroker(session.scratch / "broker") as broker:
             bootstrap = broker.bootstrap_servers
             fill_topic(bootstrap, "noop", events)
             fill_topic(bootstrap, "cpu", cpu_events)
-            ours_rates: list[float] = []
-            parent_cpu: list[float] = []
-            anchor_rates: list[float] = []
-
-            def measure_ours() -> float:
-                measured = ours(bootstrap, "noop", events, noop, 2)
-                parent_cpu.append(measured.parent_cpu_us)
-                return measured.rate
-
             for rep in range(args.repeats):
-                pair: list[tuple[str, Callable[[], float], list[float]]] = [
-                    ("anchor", lambda: anchor(bootstrap, "noop", events), anchor_rates),
-                    ("ours", measure_ours, ours_rates),
-                ]
-                for name, measure, rates in alternate(rep, pair):
-                    rates.append(measure())
-                    cpu = f", parent CPU {parent_cpu[-1]:.1f} us/event" if name == "ours" else ""
-                    progress(f"(a) rep {rep + 1} {name}: {rates[-1]:,.0f} events/s{cpu}")
-            one: list[float] = []
-            two: list[float] = []
+                for side in alternate(rep, ("anchor", "ours")):
+                    if side == "ours":
+                        rate, cpu_us = ours(bootstrap, "noop", events, noop, 2)
+                        runs.add("parent_cpu_us", cpu_us)
+                    else:
+                        rate = anchor(bootstrap, "noop", events)
+                    runs.add(side, rate)
+                    progress(f"(a) rep {rep + 1} {side}: {rate:,.0f} events/s")
             for rep in range(args.repeats):
-                for workers, rates in ((1, one), (2, two)):
-                    rates.append(ours(bootstrap, "cpu", cpu_events, burn_1ms, workers).rate)
-                    progress(f"(b) rep {rep + 1} {workers} workers: {rates[-1]:,.0f} events/s")
+                for workers in (1, 2):
+                    rate, _ = ours(bootstrap, "cpu", cpu_events, burn_1ms, workers)
+                    runs.add(f"cpu_{workers}", rate)
+                    progress(f"(b) rep {rep + 1} {workers} workers: {rate:,.0f} events/s")
         # A broker of its own: the embedded broker's fetches slow down with all it holds
         # (the anchor of (a) read 861k events/s, then 203k once 60k more were in "io").
         with LocalBroker(session.scratch / "broker-io") as broker:
             bootstrap = broker.bootstrap_servers
             fill_topic(bootstrap, "io", io_events)
-            io_rates: list[float] = []
             for rep in range(args.repeats):
-                io_rates.append(
-                    ours(
-                        bootstrap,
-                        "io",
-                        io_events,
-                        await_10ms,
-                        IO_WORKERS,
-                        concurrency=IO_CONCURRENCY,
-                    ).rate
+                rate, _ = ours(
+                    bootstrap, "io", io_events, await_10ms, IO_WORKERS, concurrency=IO_CONCURRENCY
                 )
-                progress(f"(c) rep {rep + 1}: {io_rates[-1]:,.0f} events/s")
-    ours_rate, anchor_rate = median(ours_rates), median(anchor_rates)
-    one_rate, two_rate = median(one), median(two)
-    io_rate = median(io_rates)
-    cpu_us = median(parent_cpu)
+                runs.add("io", rate)
+                progress(f"(c) rep {rep + 1}: {rate:,.0f} events/s")
+    m = runs.medians()
     io_ideal = IO_WORKERS * IO_CONCURRENCY / IO_WAIT_S
     return {
         "figure": "consumer_noop_events_per_s",
-        "ours": round(ours_rate),
-        "anchor": round(anchor_rate),
-        "ratio": safe_ratio(ours_rate, anchor_rate),
+        "ours": round(m["ours"]),
+        "anchor": round(m["anchor"]),
+        "ratio": safe_ratio(m["ours"], m["anchor"]),
         "unit": "events/s",
         "title": "Consumer, no-op handler, 2 worker processes",
         "anchor_is": "a bare confluent-kafka consume loop",
@@ -235,28 +207,28 @@ def run(args: BenchArgs) -> dict[str, object]:
         "figures": [
             figure(
                 "consumer_cpu_1ms_2_workers",
-                round(two_rate),
-                round(one_rate),
+                round(m["cpu_2"]),
+                round(m["cpu_1"]),
                 unit="events/s",
                 title="Consumer, 1 ms CPU handler, 2 worker processes",
                 anchor_is="the same with 1 worker process",
             ),
             figure(
                 "consumer_async_io_10ms",
-                round(io_rate),
+                round(m["io"]),
                 round(io_ideal),
                 unit="events/s",
                 title="Consumer, async handler awaiting 10 ms, 2 workers, concurrency 100",
                 anchor_is="the ideal: workers x concurrency / 10 ms",
             ),
         ],
-        "noop_parent_cpu_us_per_event": round(cpu_us, 2),
-        "cpu_1ms_events_per_s_1_worker": round(one_rate),
-        "cpu_1ms_events_per_s_2_workers": round(two_rate),
-        "cpu_scaling_2_vs_1": safe_ratio(two_rate, one_rate),
-        "async_io_events_per_s": round(io_rate),
+        "noop_parent_cpu_us_per_event": round(m["parent_cpu_us"], 2),
+        "cpu_1ms_events_per_s_1_worker": round(m["cpu_1"]),
+        "cpu_1ms_events_per_s_2_workers": round(m["cpu_2"]),
+        "cpu_scaling_2_vs_1": safe_ratio(m["cpu_2"], m["cpu_1"]),
+        "async_io_events_per_s": round(m["io"]),
         "async_io_ideal_events_per_s": round(io_ideal),
-        "async_io_share_of_ideal": safe_ratio(io_rate, io_ideal),
+        "async_io_share_of_ideal": safe_ratio(m["io"], io_ideal),
         "goals": {"noop_ratio": 0.5, "async_io_share_of_ideal": 0.75},
         "io_events": io_events,
         "io_settings": {

@@ -6,35 +6,30 @@ What one run measures (each figure is the median over the repetitions):
 * ours: a fresh spool directory (default settings: durability `process`, 32 MiB rings)
   and a fresh 12-partition topic. The app thread calls `Spool.send()` for N events of
   100 bytes, keyed by cycling over 10k users (b"user-0" .. b"user-9999"), then
-  `flush()` until it returns 0. Rate = N / (time from the first send until flush()
-  returned 0). The sender thread drains the rings concurrently, in this same process.
+  `flush()` until it returns 0; the sender thread drains the rings meanwhile, in this
+  same process. Rate = N / (first send until flush() returned 0).
 * the anchor: a fresh `confluent_kafka.Producer` with the settings the sender gives its
-  own producer (idempotent, acks=all, lz4, the SenderSettings defaults for linger.ms and
-  batch.size, ...) plus `partitioner=murmur2_random`, the Java-compatible partitioner,
-  and a fresh 12-partition topic. The same events (same keys and values) each with an
-  `event_id` header of the same 36-byte UUIDv7 text the spool adds, so the bytes on the
-  wire match; one shared delivery callback that counts; poll(0) every 1000 messages and
-  poll on BufferError; then `flush()`. Rate = N / (first produce until flush() returned).
-  The event ids are generated before the timed region (the spool makes its own inside
-  `send()`), which favours the anchor slightly.
+  own producer plus `partitioner=murmur2_random` (the Java-compatible partitioner), and
+  a fresh 12-partition topic. The same events, each with an `event_id` header of the
+  36-byte UUIDv7 text the spool adds (generated before the timed region, which favours
+  the anchor slightly), so the bytes on the wire match; one shared counting delivery
+  callback; poll(0) every 1000 messages and on BufferError; then `flush()`. Rate = N /
+  (first produce until flush() returned).
 
-CPU seconds per million events come from `time.process_time()` deltas over the same
-window: every thread of this process (app thread, sender thread, librdkafka threads). A
-per-thread split from /proc/self/task (Linux) and the broker process's own CPU are
-reported too. Before each timed window both sides send the same 2,000 warm-up events
-to their topic and wait for them: this opens the connections, the spool's ring files and
-the producer's partition queues, and checks that both put every warm-up key on the same
-partition (the spool partitions with Kafka's murmur2; librdkafka with murmur2_random).
-
-Instructions per event of both sides, counted by callgrind (bench/_instructions.py)
+CPU seconds per million events come from `time.process_time()` over the same window
+(every thread of this process); a per-thread split from /proc/self/task and the broker
+process's own CPU are reported too, with minor page faults (ours writes its fresh rings'
+pages for the first time in the window) and the wall time spent in the cyclic garbage
+collector, which the application's heap around the spool drives too. Before each timed
+window both sides send the same 2,000 warm-up events and wait for them: this opens the
+connections, ring files and partition queues, and checks that both put every warm-up
+key on the same partition.
+Instructions per event of both sides, counted by callgrind (harness.instructions)
 over the same kind of run, come last: unlike the rates they do not move when the
 machine is busy.
 
-Runs alternate between ours and the anchor (the first one alternates too), so a
-disturbance from elsewhere on the machine hits both alike. The broker is tansu, started
-here (in memory), on the same machine: it competes with this process for the cores.
-
-The LAST line on stdout is one JSON object; progress and a table go to stderr.
+Runs alternate between ours and the anchor. The broker is tansu, started here (in
+memory), on the same machine: it competes with this process for the cores.
 """
 
 from __future__ import annotations
@@ -44,34 +39,32 @@ import gc
 import json
 import os
 import random
-import resource
 import shutil
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import confluent_kafka
 
-import _instructions
 from eventspool.broker.local import create_topic
 from eventspool.config import SenderSettings, SpoolSettings
 from eventspool.envelope import FIXED_SIZE, EventIdGenerator
 from eventspool.pipeline import Spool
 from eventspool.spool.ring import frame_size
-from harness.cli import BenchArgs, parse_args
-from harness.cpu import CLOCK_TICKS, process_ticks, thread_ticks
+from harness import instructions as _instructions
+from harness.cli import BenchArgs, bench_main
+from harness.cpu import CpuWindow, cpu_window
 from harness.figures import figure
-from harness.output import emit_result, print_figures, progress
-from harness.producer import SENDER_PRODUCER_CONFIG, sender_producer_config
+from harness.output import progress
+from harness.producer import anchor_config, compared_settings
 from harness.runs import Runs, alternate, median, safe_ratio
 from harness.session import Session
 
 FIGURE = "e2e_rate_keyed_12p"
-TOPIC_PREFIX = "bench-e2e"
 PARTITIONS = 12
 PAYLOAD_BYTES = 100
 KEY_SPACE = 10_000
@@ -85,9 +78,7 @@ ANCHOR_POLL_EVERY = 1000
 STATISTICS_INTERVAL_MS = 50
 STATISTICS_WAIT_S = 0.2
 SENDER_THREAD_NAME = "eventspool-sender"  # the name Sender gives its thread
-
-
-# ---- the workload ----------------------------------------------------------------------
+THREAD_GROUPS = ("app_thread", "sender_thread", "librdkafka_threads", "other")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,94 +115,7 @@ def make_workload(count: int, seed: int = 20240601) -> Workload:
     if any(len(v) != PAYLOAD_BYTES for v in values):
         raise RuntimeError("a value is not exactly PAYLOAD_BYTES long")
     ids = EventIdGenerator()
-    event_ids = [ids.next_id().encode() for _ in range(count)]
-    return Workload(keys, values, event_ids)
-
-
-# ---- CPU accounting ------------------------------------------------------------------
-
-
-def native_id_of(name: str) -> int | None:
-    for thread in threading.enumerate():
-        if thread.name == name:
-            return thread.native_id
-    return None
-
-
-class GcTimer:
-    """Wall time spent in the cyclic garbage collector (any thread) and collections per
-    generation, while installed in gc.callbacks."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.collections = [0, 0, 0]
-        self._started = 0.0
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._started = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._started
-            self.collections[int(info["generation"])] += 1
-
-
-@dataclass(slots=True)
-class CpuWindow:
-    """Wall time, process CPU, per-thread CPU, page faults and broker CPU over a window."""
-
-    broker_pid: int
-    wall_start: float = 0.0
-    cpu_start: float = 0.0
-    app_start: float = 0.0
-    faults_start: int = 0
-    threads_start: dict[int, tuple[str, int]] = field(default_factory=dict)
-    broker_start: int | None = None
-    wall_s: float = 0.0
-    cpu_s: float = 0.0
-    app_cpu_s: float = 0.0
-    minor_faults: int = 0
-    threads_s: dict[str, float] = field(default_factory=dict)
-    broker_cpu_s: float | None = None
-    gc_timer: GcTimer = field(default_factory=GcTimer)
-
-    def start(self) -> None:
-        gc.callbacks.append(self.gc_timer)
-        self.threads_start = thread_ticks()
-        self.broker_start = process_ticks(self.broker_pid)
-        self.faults_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        self.app_start = time.thread_time()
-        self.cpu_start = time.process_time()
-        self.wall_start = time.perf_counter()
-
-    def stop(self, sender_tid: int | None = None) -> None:
-        self.wall_s = time.perf_counter() - self.wall_start
-        self.cpu_s = time.process_time() - self.cpu_start
-        self.app_cpu_s = time.thread_time() - self.app_start
-        gc.callbacks.remove(self.gc_timer)
-        self.minor_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults_start
-        broker_end = process_ticks(self.broker_pid)
-        if broker_end is not None and self.broker_start is not None:
-            self.broker_cpu_s = (broker_end - self.broker_start) / CLOCK_TICKS
-        app_tid = threading.get_native_id()
-        split = {"app_thread": 0.0, "sender_thread": 0.0, "librdkafka_threads": 0.0, "other": 0.0}
-        for tid, (name, ticks) in thread_ticks().items():
-            used = (ticks - self.threads_start.get(tid, (name, 0))[1]) / CLOCK_TICKS
-            if tid == app_tid:
-                group = "app_thread"
-            elif tid == sender_tid:
-                group = "sender_thread"
-            elif name.startswith("rdk:"):
-                group = "librdkafka_threads"
-            else:
-                group = "other"
-            split[group] += used
-        self.threads_s = split
-
-
-def produce_requests(text: str) -> int:
-    """Produce requests sent to every broker, from one librdkafka statistics report."""
-    brokers = json.loads(text).get("brokers", {})
-    return sum(int(broker.get("req", {}).get("Produce", 0)) for broker in brokers.values())
+    return Workload(keys, values, [ids.next_id().encode() for _ in range(count)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +123,7 @@ class RunResult:
     side: str
     events: int
     window: CpuWindow
-    partition_counts: list[int]
+    warmup_counts: list[int]  # warm-up events per partition: both sides must agree
     notes: dict[str, object]
     produce_requests: int
 
@@ -231,59 +135,19 @@ class RunResult:
         return seconds * 1e6 / self.events
 
 
-# ---- the two sides -----------------------------------------------------------------
-
-
-def anchor_config(bootstrap: str, errors: list[int]) -> dict[str, Any]:
-    """The sender's producer settings, plus murmur2_random."""
-
-    def count_error(_error: object) -> None:
-        errors[0] += 1
-
-    return {
-        **sender_producer_config(bootstrap),
-        "partitioner": "murmur2_random",
-        "error_cb": count_error,
-    }
-
-
-def settings_description() -> dict[str, object]:
-    sender = SenderSettings()
-    spool = SpoolSettings()
-    return {
-        "shared": dict(SENDER_PRODUCER_CONFIG),
-        "linger.ms": sender.linger_ms,
-        "batch.size": sender.batch_size,
-        "compression.type": sender.compression,
-        "anchor_partitioner": "murmur2_random",
-        "spool": {
-            "durability": spool.queue.durability.value,
-            "capacity_bytes_per_ring": spool.queue.capacity_bytes,
-            "full_policy": spool.queue.full_policy.value,
-            "read_batch_records": sender.read_batch_records,
-            "max_in_flight_per_queue": sender.max_in_flight_per_queue,
-        },
-        "key_space": KEY_SPACE,
-        "key_example": "user-123",
-        "warmup_events": WARMUP_EVENTS,
-    }
-
-
 def run_ours(
     bootstrap: str,
     broker_pid: int,
     topic: str,
-    *,
-    directory: Path,
     warmup: Workload,
     timed: Workload,
-) -> RunResult:
+    *,
+    directory: Path,
+) -> tuple[RunResult, list[int]]:
+    """Our run, and its timed events per partition."""
     create_topic(bootstrap, topic, PARTITIONS)
-    spool = Spool(
-        directory,
-        bootstrap,
-        sender_settings=SenderSettings(statistics_interval_ms=STATISTICS_INTERVAL_MS),
-    )
+    settings = SenderSettings(statistics_interval_ms=STATISTICS_INTERVAL_MS)
+    spool = Spool(directory, bootstrap, sender_settings=settings)
     try:
         spool.set_partition_count(topic, PARTITIONS)
         send = spool.send
@@ -292,30 +156,29 @@ def run_ours(
         if spool.flush(FLUSH_TIMEOUT_S):
             raise RuntimeError(f"warm-up events of {topic} not acknowledged in time")
         warm_counts = ring_counts(spool, topic)
-        sender = spool.sender
-        if sender is None:
+        if spool.sender is None:
             raise RuntimeError("the spool has no sender")
-        sender_tid = native_id_of(SENDER_THREAD_NAME)
+        counters = spool.sender.counters
+        sender_tid = next(
+            (t.native_id for t in threading.enumerate() if t.name == SENDER_THREAD_NAME), None
+        )
         time.sleep(STATISTICS_WAIT_S)
-        requests_before = sender.counters.produce_requests
+        requests_before = counters.produce_requests
         gc.collect()
-        window = CpuWindow(broker_pid)
-        window.start()
-        for key, value in zip(timed.keys, timed.values, strict=True):
-            send(topic, value, key)
-        left = spool.flush(FLUSH_TIMEOUT_S)
-        window.stop(sender_tid)
+        groups = {threading.get_native_id(): "app_thread", sender_tid: "sender_thread"}
+        with cpu_window(broker_pid, groups) as window:
+            for key, value in zip(timed.keys, timed.values, strict=True):
+                send(topic, value, key)
+            left = spool.flush(FLUSH_TIMEOUT_S)
         if left:
             raise RuntimeError(f"{left} events of {topic} not acknowledged in time")
         time.sleep(STATISTICS_WAIT_S)
-        requests = sender.counters.produce_requests - requests_before
+        requests = counters.produce_requests - requests_before
         total_counts = ring_counts(spool, topic)
-        counters = sender.counters
-        delivered = counters.delivered
-        if delivered != len(warmup) + len(timed) or counters.dead_letters:
+        if counters.delivered != len(warmup) + len(timed) or counters.dead_letters:
             raise RuntimeError(
-                f"sender delivered {delivered} events (expected {len(warmup) + len(timed)}), "
-                f"{counters.dead_letters} dead letters"
+                f"sender delivered {counters.delivered} events (expected "
+                f"{len(warmup) + len(timed)}), {counters.dead_letters} dead letters"
             )
         notes: dict[str, object] = {
             "retried_batches": counters.retried_batches,
@@ -326,7 +189,7 @@ def run_ours(
         spool.close(timeout=10.0)
         shutil.rmtree(directory, ignore_errors=True)
     timed_counts = [t - w for t, w in zip(total_counts, warm_counts, strict=True)]
-    return RunResult("ours", len(timed), window, timed_counts, notes, requests)
+    return RunResult("ours", len(timed), window, warm_counts, notes, requests), timed_counts
 
 
 def ring_counts(spool: Spool, topic: str) -> list[int]:
@@ -344,14 +207,16 @@ def run_anchor(
     bootstrap: str, broker_pid: int, topic: str, warmup: Workload, timed: Workload
 ) -> RunResult:
     create_topic(bootstrap, topic, PARTITIONS)
-    errors = [0]
+    errors: list[object] = []
     requests = [0]
 
     def on_statistics(text: str) -> None:
-        requests[0] = produce_requests(text)
+        """Produce requests sent to every broker so far, from a statistics report."""
+        brokers = json.loads(text).get("brokers", {})
+        requests[0] = sum(int(b.get("req", {}).get("Produce", 0)) for b in brokers.values())
 
     config = {
-        **anchor_config(bootstrap, errors),
+        **anchor_config(bootstrap, errors.append),
         "statistics.interval.ms": STATISTICS_INTERVAL_MS,
         "stats_cb": on_statistics,
     }
@@ -380,11 +245,11 @@ def run_anchor(
         producer.poll(0)
         requests_before = requests[0]
         gc.collect()
-        window = CpuWindow(broker_pid)
-        window.start()
-        produce_all(producer, topic, timed, on_delivery)
-        left = producer.flush(FLUSH_TIMEOUT_S)
-        window.stop()
+        with cpu_window(
+            broker_pid, {threading.get_native_id(): "app_thread", None: "sender_thread"}
+        ) as window:
+            produce_all(producer, topic, timed, on_delivery)
+            left = producer.flush(FLUSH_TIMEOUT_S)
         time.sleep(STATISTICS_WAIT_S)
         producer.poll(0)
         if left:
@@ -398,13 +263,12 @@ def run_anchor(
         producer.poll(0)
         del producer
         gc.collect()
+    notes: dict[str, object] = {
+        "error_cb_calls": len(errors),
+        "warmup_partition_counts": warm_counts,
+    }
     return RunResult(
-        "anchor",
-        len(timed),
-        window,
-        [],
-        {"error_cb_calls": errors[0], "warmup_partition_counts": warm_counts},
-        requests[0] - requests_before,
+        "anchor", len(timed), window, warm_counts, notes, requests[0] - requests_before
     )
 
 
@@ -428,90 +292,72 @@ def produce_all(
             countdown = ANCHOR_POLL_EVERY
 
 
-# ---- main ----------------------------------------------------------------------------
-
-
 def record(runs: Runs, result: RunResult) -> None:
     """Note one run's rate, CPU by thread group, faults, gc and produce requests."""
-    side = result.side
-    window = result.window
+    side, window, per_million = result.side, result.window, result.per_million
     runs.add(f"{side}_rate", result.rate)
     runs.add(f"{side}_seconds", window.wall_s)
-    runs.add(f"{side}_cpu_s_per_million", result.per_million(window.cpu_s))
-    runs.add(f"{side}_app_thread_cpu_s_per_million", result.per_million(window.app_cpu_s))
+    runs.add(f"{side}_cpu_s_per_million", per_million(window.cpu_s))
+    runs.add(f"{side}_app_thread_cpu_s_per_million", per_million(window.caller_cpu_s))
     for group, seconds in window.threads_s.items():
-        runs.add(f"{side}_{group}_cpu_s_per_million", result.per_million(seconds))
-    if window.broker_cpu_s is not None:
-        runs.add(f"{side}_broker_cpu_s_per_million", result.per_million(window.broker_cpu_s))
+        runs.add(f"{side}_{group}_cpu_s_per_million", per_million(seconds))
+    if window.other_cpu_s is not None:
+        runs.add(f"{side}_broker_cpu_s_per_million", per_million(window.other_cpu_s))
     runs.add(f"{side}_minor_faults_per_event", window.minor_faults / result.events)
-    runs.add(f"{side}_gc_s_per_million", result.per_million(window.gc_timer.seconds))
-    runs.add(f"{side}_gc_gen2_collections", window.gc_timer.collections[2])
+    runs.add(f"{side}_gc_s_per_million", per_million(window.gc_s))
+    runs.add(f"{side}_gc_gen2_collections", window.gc_gen2_collections)
     runs.add(f"{side}_produce_requests_per_s", result.produce_requests / window.wall_s)
     runs.add(f"{side}_events_per_produce_request", result.events / result.produce_requests)
-
-
-def check_same_partitions(ours: RunResult, anchor: RunResult) -> None:
-    mine = ours.notes["warmup_partition_counts"]
-    theirs = anchor.notes["warmup_partition_counts"]
-    if mine != theirs:
-        raise RuntimeError(
-            f"the spool and murmur2_random spread the warm-up keys differently: {mine} vs {theirs}"
-        )
 
 
 def run(args: BenchArgs) -> dict[str, object]:
     events_arg: int | None = args.namespace.events
     events = events_arg or (QUICK_EVENTS if args.quick else FULL_EVENTS)
-    repeats = args.repeats
     ring_bytes = frame_size(FIXED_SIZE + len(b"user-9999") + PAYLOAD_BYTES)
-    capacity = SpoolSettings().queue.capacity_bytes
     # Keys spread evenly over 12 partitions; leave a wide margin for skew.
-    if (events + WARMUP_EVENTS) * ring_bytes // PARTITIONS > capacity // 2:
+    if (
+        events + WARMUP_EVENTS
+    ) * ring_bytes // PARTITIONS > SpoolSettings().queue.capacity_bytes // 2:
         raise SystemExit(f"--events {events} would fill the spool's default rings; use fewer")
-
     workload = make_workload(WARMUP_EVENTS + events)
-    warmup = workload.part(0, WARMUP_EVENTS)
-    timed = workload.part(WARMUP_EVENTS, len(workload))
+    warmup, timed = workload.part(0, WARMUP_EVENTS), workload.part(WARMUP_EVENTS, len(workload))
     runs = Runs()
     instructions: dict[str, float] = {}
     partition_counts: list[int] = []
     notes: dict[str, list[object]] = {"ours": [], "anchor": []}
     with Session(args, "e2e") as session:
         progress(
-            f"{'quick' if args.quick else 'full'}: {repeats} repetitions of {events:,} keyed "
-            f"events x {PAYLOAD_BYTES} B over {PARTITIONS} partitions; "
+            f"{'quick' if args.quick else 'full'}: {args.repeats} repetitions of {events:,} "
+            f"keyed events x {PAYLOAD_BYTES} B over {PARTITIONS} partitions; "
             f"scratch on {session.filesystem}"
         )
         broker = session.broker()
         bootstrap = broker.bootstrap_servers
-        for rep in range(repeats):
-            results: dict[str, RunResult] = {}
+        for rep in range(args.repeats):
+            warm: dict[str, list[int]] = {}
             for side in alternate(rep, ("ours", "anchor")):
-                topic = f"{TOPIC_PREFIX}-{side}-{rep}-{os.getpid()}"
+                topic = f"bench-e2e-{side}-{rep}-{os.getpid()}"
                 if side == "ours":
-                    result = run_ours(
-                        bootstrap,
-                        broker.pid,
-                        topic,
-                        directory=session.scratch / f"spool-{rep}",
-                        warmup=warmup,
-                        timed=timed,
+                    directory = session.scratch / f"spool-{rep}"
+                    result, partition_counts = run_ours(
+                        bootstrap, broker.pid, topic, warmup, timed, directory=directory
                     )
-                    partition_counts = result.partition_counts
                 else:
                     result = run_anchor(bootstrap, broker.pid, topic, warmup, timed)
-                results[side] = result
+                warm[side] = result.warmup_counts
                 record(runs, result)
                 notes[side].append(result.notes)
-                window = result.window
+                window, per_million = result.window, result.per_million
                 progress(
-                    f"rep {rep + 1}/{repeats} {side:6}: {result.rate:>9,.0f} events/s "
-                    f"({window.wall_s:.2f} s), "
-                    f"{result.per_million(window.cpu_s):.2f} CPU s/M events "
-                    f"(app thread {result.per_million(window.app_cpu_s):.2f}), "
-                    f"broker {result.per_million(window.broker_cpu_s or 0.0):.2f} CPU s/M"
+                    f"rep {rep + 1}/{args.repeats} {side:6}: {result.rate:>9,.0f} events/s "
+                    f"({window.wall_s:.2f} s), {per_million(window.cpu_s):.2f} CPU s/M events "
+                    f"(app thread {per_million(window.caller_cpu_s):.2f}), "
+                    f"broker {per_million(window.other_cpu_s or 0.0):.2f} CPU s/M"
                 )
-            check_same_partitions(results["ours"], results["anchor"])
+            if warm["ours"] != warm["anchor"]:
+                raise RuntimeError(
+                    f"the spool and murmur2_random spread the warm-up keys differently: {warm}"
+                )
         if _instructions.available():
             ipe_events = _instructions.QUICK_EVENTS if args.quick else _instructions.FULL_EVENTS
             progress(f"instructions per event under callgrind ({ipe_events:,} per lane)")
@@ -519,40 +365,30 @@ def run(args: BenchArgs) -> dict[str, object]:
                 ["e2e_spool", "e2e_producer"], ipe_events, bootstrap
             )
             progress(f"instructions per event: {instructions}")
-    return build_result(
-        args,
-        events=events,
-        runs=runs,
-        partition_counts=partition_counts,
-        notes=notes,
-        instructions=instructions,
-        provenance=session.provenance(),
-    )
-
-
-def build_result(
-    args: BenchArgs,
-    *,
-    events: int,
-    runs: Runs,
-    partition_counts: list[int],
-    notes: dict[str, list[object]],
-    instructions: dict[str, float],
-    provenance: dict[str, object],
-) -> dict[str, object]:
     medians = runs.medians()
 
     def fig(name: str, digits: int = 3) -> float | None:
         value = medians.get(name)
         return None if value is None else round(value, digits)
 
-    ours = medians.get("ours_rate", 0.0)
-    anchor = medians.get("anchor_rate", 0.0)
+    def both(name: str, digits: int = 3) -> dict[str, float | None]:
+        return {side: fig(f"{side}_{name}", digits) for side in ("ours", "anchor")}
+
+    ours, anchor = medians.get("ours_rate", 0.0), medians.get("anchor_rate", 0.0)
     ours_cpu = medians.get("ours_cpu_s_per_million", 0.0)
     anchor_cpu = medians.get("anchor_cpu_s_per_million", 0.0)
     paired = zip(runs.values["ours_rate"], runs.values["anchor_rate"], strict=True)
-    groups = ("app_thread", "sender_thread", "librdkafka_threads", "other")
-    result: dict[str, object] = {
+    instruction_figures = [
+        _instructions.instruction_figure(
+            "e2e_instructions_per_event",
+            instructions,
+            "e2e_spool",
+            "e2e_producer",
+            title="Instructions per event, send to acknowledgement (callgrind)",
+            anchor_is="the same producer",
+        )
+    ]
+    return {
         "figure": FIGURE,
         "ours": round(ours),
         "anchor": round(anchor),
@@ -578,20 +414,7 @@ def build_result(
                 title="Events per produce request to the broker",
                 anchor_is="the same producer",
             ),
-            *(
-                [
-                    _instructions.instruction_figure(
-                        "e2e_instructions_per_event",
-                        instructions,
-                        "e2e_spool",
-                        "e2e_producer",
-                        title="Instructions per event, send to acknowledgement (callgrind)",
-                        anchor_is="the same producer",
-                    )
-                ]
-                if instructions
-                else []
-            ),
+            *(instruction_figures if instructions else []),
         ],
         "ours_produce_requests_per_s": fig("ours_produce_requests_per_s", 1),
         "anchor_produce_requests_per_s": fig("anchor_produce_requests_per_s", 1),
@@ -602,58 +425,32 @@ def build_result(
         "events": events,
         "payload_bytes": PAYLOAD_BYTES,
         "partitions": PARTITIONS,
-        "settings": settings_description(),
+        "settings": {
+            **compared_settings(),
+            "key_space": KEY_SPACE,
+            "warmup_events": WARMUP_EVENTS,
+            "anchor_poll_every": ANCHOR_POLL_EVERY,
+        },
         "cpu_split_s_per_million": {
             side: {
-                **{group: fig(f"{side}_{group}_cpu_s_per_million") for group in groups},
+                **{group: fig(f"{side}_{group}_cpu_s_per_million") for group in THREAD_GROUPS},
                 "app_thread_by_thread_time": fig(f"{side}_app_thread_cpu_s_per_million"),
             }
             for side in ("ours", "anchor")
         },
-        "broker_cpu_s_per_million": {
-            "ours": fig("ours_broker_cpu_s_per_million"),
-            "anchor": fig("anchor_broker_cpu_s_per_million"),
-        },
-        "gc_s_per_million": {
-            "ours": fig("ours_gc_s_per_million"),
-            "anchor": fig("anchor_gc_s_per_million"),
-            "note": "wall time inside the cyclic garbage collector (included in the CPU "
-            "figures); it is triggered by allocations and scans every tracked object, so it "
-            "also depends on the heap of the application around the spool",
-        },
-        "gc_gen2_collections": {
-            "ours": fig("ours_gc_gen2_collections", 1),
-            "anchor": fig("anchor_gc_gen2_collections", 1),
-        },
-        "minor_faults_per_event": {
-            "ours": fig("ours_minor_faults_per_event", 4),
-            "anchor": fig("anchor_minor_faults_per_event", 4),
-        },
+        "broker_cpu_s_per_million": both("broker_cpu_s_per_million"),
+        "gc_s_per_million": both("gc_s_per_million"),
+        "gc_gen2_collections": both("gc_gen2_collections", 1),
+        "minor_faults_per_event": both("minor_faults_per_event", 4),
         "timed_partition_counts_ours": partition_counts,
-        "method": {
-            "rate": "events / wall time from the first send()/produce() until flush() "
-            "returned 0 (Spool.flush polls every 5 ms)",
-            "cpu": "time.process_time() delta over the same window: every thread of this "
-            "process; the split by thread comes from /proc/self/task (10 ms ticks)",
-            "broker_cpu": "utime+stime delta of the tansu process over the same window",
-            "median_over": "repetitions; ours and anchor alternate, each on a fresh topic; "
-            "ours also on a fresh spool directory, so its rings' pages are written for the "
-            "first time during the window (see minor_faults_per_event)",
-            "warmup": f"{WARMUP_EVENTS} events per side before each window, acknowledged; "
-            "both sides must spread them over the partitions identically",
-            "anchor_loop": f"produce() with headers=[('event_id', id)] and one shared "
-            f"counting on_delivery; poll(0) every {ANCHOR_POLL_EVERY} messages; "
-            "BufferError -> poll(0.01) and retry; then flush()",
-        },
         "runs": {
-            name: [round(v, 3) for v in values]
-            for name, values in runs.values.items()
-            if name.endswith(("_rate", "_cpu_s_per_million")) and "_thread" not in name
+            name: values
+            for name, values in runs.listed("_rate", "_cpu_s_per_million").items()
+            if "_thread" not in name
         },
         "run_notes": notes,
-        **provenance,
+        **session.provenance(),
     }
-    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -661,19 +458,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument(
             "--events",
             type=int,
-            default=None,
             help=f"timed events per run (default {FULL_EVENTS:,}, {QUICK_EVENTS:,} with --quick)",
         )
 
-    args = parse_args(
-        "End-to-end keyed event rate: Spool.send() to broker ack vs a plain Producer",
-        argv,
-        extra,
-    )
-    result = run(args)
-    print_figures(result)
-    emit_result(result)
-    return 0
+    description = "End-to-end keyed event rate: Spool.send() to broker ack vs a plain Producer"
+    return bench_main(description, run, argv, extra)
 
 
 if __name__ == "__main__":

@@ -2,82 +2,65 @@
 acknowledgement, and what a SIGKILL in mid-outage takes, `Spool.send()` against a bare
 idempotent `confluent_kafka.Producer` on a 3-broker cluster.
 
-The cluster is librdkafka's mock cluster with 3 brokers (`eventspool.broker.mock`), in a
-process of its own, fresh for every run, with a fresh topic of 6 partitions (replication
-3; the mock does not replicate: a partition has one log whoever leads it). Partition p
-starts led by broker p % 3 + 1. Each side runs in a child process of its own (this script
-with a hidden first argument) sending one stream, the same for both sides: keys cycling
-over 10k users (b"user-0" .. b"user-9999"), JSON-like 100-byte values numbered by event,
-20,000 events/s in bursts every 5 ms, paced by the clock (a late burst is followed at once
-by the next, so both sides send the same events at the same times). The child first sends
-2,000 warm-up events and waits for them (both sides must put them on the same
-partitions), reports ready, and sends until told to stop. The parent applies the same
-faults to both sides, timed from the ready report:
+The cluster is librdkafka's mock cluster (`eventspool.broker.mock`), in a process of its
+own on the same machine, fresh for every run, with a fresh topic of 6 partitions
+(replication 3, which the mock does not do); partition p starts led by broker p % 3 + 1.
+Each side runs in a child process sending the same stream: keys cycling over 10k users
+(b"user-0" .. b"user-9999"), JSON-like 100-byte values numbered by event, 20,000
+events/s in bursts every 5 ms, paced by the clock (a late burst is followed at once by
+the next). The child sends 2,000 warm-up events and waits for them (both sides must put
+them on the same partitions), reports ready, and sends until told to stop. The parent
+applies the same faults to both sides, timed from the ready report:
 
     steady phase: 2 s (1 s with --quick), then up to 1 s more, to place the broker's
       loss at a set phase of the client's 1 s timer (see 3.)
     leader move: every partition to the next broker (p -> (p + 1) % 3 + 1); as long again
     outage: broker 3 down and at once its partitions (1 and 4) led by brokers 1 and 2,
-      as a controller would; 5 s later broker 3 up again (it leads nothing any more):
-      the fault's end
+      as a controller would; 5 s later broker 3 up again (it leads nothing any more)
     tail: 4 s (2 s with --quick), then stop: the child waits for every acknowledgement
 
 Sides:
 
-* ours: `Spool.send()` with default SpoolSettings and SenderSettings (the sender thread
-  ships the rings in the same process). An event is acknowledged when its ring's read
-  position (head_seq) moves past it, which the sender does only on the broker's
-  acknowledgement. A thread of the child reads the 6 rings' head_seq every 1 ms and logs
-  each change with the time of the read; each event's ring sequence is known (its
-  partition is Kafka's murmur2 of its key, checked against the rings' ends after the
-  run), so its acknowledgement time is that of the first read that found the head past
-  it. A read can come up to about 1 ms (plus a wait for the GIL) after the sender moved
-  the head: that error counts against ours.
+* ours: `Spool.send()` with default settings. An event is acknowledged when its ring's
+  head_seq moves past it, which the sender does only on the broker's acknowledgement: a
+  thread of the child reads the 6 rings' head_seq every 1 ms and logs each change with
+  the time of the read; each event's ring sequence is known (Kafka's murmur2 of its key,
+  checked against the rings' ends after the run). A read can come about 1 ms (plus a
+  wait for the GIL) late: that error counts against ours.
 * the anchor: a `confluent_kafka.Producer` with the settings the sender gives its own
-  producer (idempotent, acks=all, lz4, linger.ms and batch.size of SenderSettings,
-  message.timeout.ms=0, ...) plus partitioner=murmur2_random, so keys land where the
-  spool puts them. Each event carries an `event_id` header (the spool adds the same) and
-  a delivery callback that stamps its acknowledgement time; between bursts the child
-  waits in poll(), so callbacks run as the reports arrive.
+  producer plus partitioner=murmur2_random, so keys land where the spool puts them. Each
+  event carries an `event_id` header and a delivery callback that stamps its
+  acknowledgement time; between bursts the child waits in poll().
 
-Send times are taken just before `send()` / `produce()`. All times are CLOCK_MONOTONIC,
+Send times are taken just before `send()` / `produce()`; all times are CLOCK_MONOTONIC,
 shared by the children and the parent, which stamps the leader move and the broker's loss
-just before its first control call, and the broker's return once the cluster has applied
-it. Figures:
+just before its first control call, and the broker's return once it was applied. Figures:
 
-1. recovery (the headline): from broker 3 back up until the last event sent before that
-   moment is acknowledged: when `Spool.flush()` called then would return 0, when every
-   delivery report of what was produced by then is in; 0 if nothing was outstanding.
-   Ratio anchor / ours. On the mock both sides move to the new leaders within about a
-   second of the broker's loss, well inside the outage, so this comes down to how long
-   the events sent just before the broker's return take: one send-to-acknowledgement
-   time, less where the last burst fell in its 5 ms.
+1. recovery (the headline): from broker 3 back up until the last event sent before then
+   is acknowledged (0 if nothing was outstanding). Both sides move to the new leaders
+   within about a second of the broker's loss, so this is about one send-to-acknowledgement
+   time of the events sent just before the broker's return. Also reported: the same from
+   the leader move and from the broker's loss (`leader_move_settle_s`, ...).
 2. p99 (p50, max in the JSON) of send to acknowledgement over every event after the
-   warm-up, faults included. Ratio anchor / ours.
+   warm-up, faults included.
 3. the failover itself: the longest send-to-acknowledgement wait of an event sent while
-   broker 3 was down. Ratio anchor / ours. The mock drops a down broker from its
-   metadata; librdkafka then retires that broker and its partitions wait for a leader
-   query, which a timer of librdkafka's own, every second from the producer's start,
-   makes: the wait is anywhere from 0 to 1 s depending on where the fault falls in that
-   second. So both sides meet the same phases: in repetition r of N the broker goes down
-   (r + 0.5) / N s past a whole second of the client's life, counted from the child's
-   stamp just before it creates its Spool or Producer (without this each side's
-   start-up time would fix its phase, run after run; the phases are in the JSON).
+   broker 3 was down. librdkafka re-queries a lost leader on a 1 s timer of its own, from
+   the client's creation, so the wait depends on where the fault falls in that second:
+   in repetition r of N the broker goes down (r + 0.5) / N s past a whole second of the
+   client's life (the phases are in the JSON).
 4. acknowledged events lost to a SIGKILL halfway through the outage (--kill-at): the
-   same run, but the parent SIGKILLs the child then. The child records the id of every
-   event its caller would count as handed over in a ledger file that survives the kill
-   (`eventspool.testing.ledger`, as `kill_loss.py` does): ours once `send()` returned; the
-   anchor once `produce()` returned and, in a second file, once its delivery report came
-   without error. The fault goes on to its end; ours is restarted at once on the same
-   spool directory (as a supervisor would) and flushed to 0 once the broker is back; 0.5
-   s later the parent reads every partition to its end (refusing a run whose oldest
-   records the mock dropped) and compares event ids. Ratio (anchor + 1) / (ours + 1).
+   same run, but the parent SIGKILLs the child then. The child records every event its
+   caller would count as handed over in a ledger file that survives the kill
+   (`eventspool.testing.ledger`): ours once `send()` returned; the anchor once
+   `produce()` returned and, in a second file, once its delivery report came without
+   error. Ours is restarted at once on the same spool directory (as a supervisor would)
+   and flushed once the broker is back; 0.5 s later the parent reads every partition to
+   its end (refusing a run whose oldest records the mock dropped) and compares event ids.
+   Ratio (anchor + 1) / (ours + 1).
 
-Runs alternate between ours and the anchor (the first one alternates too); each figure
-is the median over the runs (loss: over the kills): 5 runs and 3 kills per side, 1 and 1
-with --quick (--repeats, --kills). The mock cluster runs on the same
-machine and competes with both sides for the cores. The LAST line on stdout is one JSON
-object; progress and a table go to stderr.
+Ratios 1-3 are anchor / ours. Runs alternate between ours and the anchor, each on a fresh
+cluster; each figure is the median over the runs (loss: over the kills): 5 runs and 3
+kills per side, 1 and 1 with --quick (--repeats, --kills).
 """
 
 from __future__ import annotations
@@ -87,22 +70,20 @@ import functools
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import confluent_kafka
 from confluent_kafka import Consumer, TopicPartition
 
-from eventspool.broker.mock import MockCluster
-from eventspool.config import SenderSettings, SpoolSettings
 from eventspool.envelope import EventIdGenerator
 from eventspool.errors import SpoolFullError
 from eventspool.pipeline import Spool
@@ -110,12 +91,12 @@ from eventspool.spool.partitioner import partition_for_key
 from eventspool.spool.segments import SegmentedQueue
 from eventspool.testing.ledger import LedgerReader, LedgerWriter
 from eventspool.verify import ledger
-from harness.cli import BenchArgs, parse_args
+from harness.child import Child, child_arguments
+from harness.cli import BenchArgs, bench_main
 from harness.figures import figure
-from harness.ledger import lost_figure
-from harness.machine import machine
-from harness.output import emit_result, print_figures, progress
-from harness.producer import sender_producer_config
+from harness.ledger import Tally, lost_figure, summary, tally
+from harness.output import progress
+from harness.producer import anchor_config, compared_settings
 from harness.runs import alternate, median, percentile, safe_ratio
 from harness.session import Session, drain
 
@@ -131,15 +112,11 @@ RATE = 20_000
 BURST_S = 0.005
 WARMUP_EVENTS = 2_000
 OUTAGE_S = 5.0
-FULL_STEADY_S = 2.0
-QUICK_STEADY_S = 1.0
-FULL_TAIL_S = 4.0
-QUICK_TAIL_S = 2.0
+STEADY_S = {True: 1.0, False: 2.0}  # by --quick
+TAIL_S = {True: 2.0, False: 4.0}
 # With --quick one repetition of each and one kill per side fit in a minute.
-QUICK_RUNS = 1
-FULL_RUNS = 5
-QUICK_KILLS = 1
-FULL_KILLS = 3
+RUNS = {True: 1, False: 5}
+KILLS = {True: 1, False: 3}
 HEAD_POLL_S = 0.001
 # librdkafka re-queries leaders on a 1 s timer of each client's own, from its creation.
 CLIENT_TIMER_NS = 1_000_000_000
@@ -147,26 +124,25 @@ READY_TIMEOUT_S = 60.0
 FLUSH_TIMEOUT_S = 120.0
 SETTLE_S = 0.5
 CONSUME_TIMEOUT_S = 120.0
-CHILD_COMMAND = "_child"
+LOGS = ("sent", "delivered")  # the child's ledgers: send() or produce() returned; delivered
+SENDER_NOTES: tuple[str, ...] = ("delivered", "retried_batches", "broker_errors", "producer_resets")
+SENDER_NOTES += ("reconnects", "dead_letters", "last_error")
 _BUFFER_RETRY_S = 0.01
 _FULL_RETRY_S = 0.001
 _ACTIONS = (b"click", b"view", b"purchase", b"login", b"logout", b"search", b"share", b"like")
 _MIX = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
-
-
-# ---- the stream ---------------------------------------------------------------------
-
 KEYS = [b"user-%d" % user for user in range(KEY_SPACE)]
 
 
 def value_of(index: int) -> bytes:
     """Event `index`'s value: 100 bytes of JSON-like text (lz4 finds some to squeeze)."""
     mix = (index * _MIX) & _MASK64
+    action = _ACTIONS[mix % len(_ACTIONS)]
     text = b'{"u":%d,"n":%d,"a":"%s","amt":%d,"r":"%016x","p":"' % (
         index % KEY_SPACE,
         index,
-        _ACTIONS[mix % len(_ACTIONS)],
+        action,
         mix >> 44,
         mix,
     )
@@ -203,9 +179,6 @@ def outage_leaders(down: int) -> dict[int, int]:
     return {partition: live[n % len(live)] for n, partition in enumerate(led)}
 
 
-# ---- the child: one side's stream -----------------------------------------------------
-
-
 @dataclass(frozen=True, slots=True)
 class ChildSpec:
     side: str
@@ -215,6 +188,9 @@ class ChildSpec:
     rate: int
     ledgers: str
     out: str
+
+
+Stream = tuple["array[int]", "array[int]", dict[str, Any]]  # send times, ack times, notes
 
 
 def paced(
@@ -243,36 +219,36 @@ def paced(
     return sent
 
 
-class HeadPoller:
-    """Reads the head_seq of each ring every HEAD_POLL_S and logs (time read, head) changes."""
+@contextmanager
+def head_logs(
+    rings: Mapping[int, SegmentedQueue],
+) -> Iterator[dict[int, tuple[array[int], array[int]]]]:
+    """Each ring's (times read, heads) at every change of its head_seq: a thread reads
+    them every HEAD_POLL_S while the block runs, and once more at its end."""
+    logs = {
+        p: (array("q", [time.monotonic_ns()]), array("q", [r.head_seq])) for p, r in rings.items()
+    }
+    stop = threading.Event()
 
-    def __init__(self, rings: Mapping[int, SegmentedQueue]) -> None:
-        self._rings = dict(rings)
-        self.logs: dict[int, tuple[array[int], array[int]]] = {}
-        for partition, ring in self._rings.items():
-            self.logs[partition] = (array("q", [time.monotonic_ns()]), array("q", [ring.head_seq]))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-head-poller", daemon=True)
+    def poll() -> None:
+        while True:
+            stopping = stop.wait(HEAD_POLL_S)
+            for partition, ring in rings.items():
+                head = ring.head_seq
+                times, heads = logs[partition]
+                if head != heads[-1]:
+                    times.append(time.monotonic_ns())
+                    heads.append(head)
+            if stopping:
+                return
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(HEAD_POLL_S):
-            self.poll()
-        self.poll()
-
-    def poll(self) -> None:
-        for partition, ring in self._rings.items():
-            head = ring.head_seq
-            times, heads = self.logs[partition]
-            if head != heads[-1]:
-                times.append(time.monotonic_ns())
-                heads.append(head)
+    thread = threading.Thread(target=poll, name="bench-head-poller", daemon=True)
+    thread.start()
+    try:
+        yield logs
+    finally:
+        stop.set()
+        thread.join()
 
 
 def ack_times_from_heads(
@@ -301,45 +277,27 @@ def ack_times_from_heads(
     return out
 
 
-def _watch_stdin(stop: threading.Event) -> None:
-    for line in sys.stdin:
-        if line.strip() == "stop":
-            break
-    stop.set()
-
-
-def _write_results(spec: ChildSpec, send_ns: array[int], ack_ns: array[int], notes: Any) -> None:
-    with open(spec.out + ".bin", "wb") as handle:
-        send_ns.tofile(handle)
-        ack_ns.tofile(handle)
-    Path(spec.out + ".json").write_text(json.dumps(notes), encoding="utf-8")
-
-
-def child_ours(spec: ChildSpec, stop: threading.Event, sent_log: LedgerWriter) -> None:
+def child_ours(spec: ChildSpec, stop: threading.Event, logs: Mapping[str, LedgerWriter]) -> Stream:
     client_started = time.monotonic_ns()
     spool = Spool(spec.directory, spec.bootstrap)
     try:
-        spool.set_partition_count(spec.topic, PARTITIONS)
-        send = spool.send
-        topic = spec.topic
+        topic, send = spec.topic, spool.send
+        spool.set_partition_count(topic, PARTITIONS)
         for index in range(WARMUP_EVENTS):
             send(topic, value_of(index), KEYS[index % KEY_SPACE])
         if spool.flush(READY_TIMEOUT_S):
             raise RuntimeError(f"warm-up events not acknowledged in {READY_TIMEOUT_S} s")
         rings = {
-            ref.partition: ref.ring
-            for ref in spool.queues()
-            if ref.topic == topic and ref.partition is not None
+            r.partition: r.ring
+            for r in spool.queues()
+            if r.topic == topic and r.partition is not None
         }
-        first_seq = {partition: ring.next_seq for partition, ring in rings.items()}
         if sorted(rings) != list(range(PARTITIONS)):
             raise RuntimeError(f"warm-up opened rings {sorted(rings)}, not {PARTITIONS}")
-        poller = HeadPoller(rings)
-        poller.start()
+        first_seq = {partition: ring.next_seq for partition, ring in rings.items()}
         send_ns = array("q")
-        stamp = send_ns.append
-        clock = time.monotonic_ns
-        record = functools.partial(sent_log.append, target=topic)
+        stamp, clock = send_ns.append, time.monotonic_ns
+        record = functools.partial(logs["sent"].append, target=topic)
 
         def burst(start: int, stop_at: int) -> None:
             for index in range(start, stop_at):
@@ -354,63 +312,40 @@ def child_ours(spec: ChildSpec, stop: threading.Event, sent_log: LedgerWriter) -
                         time.sleep(_FULL_RETRY_S)
                 record(event_id)
 
-        print(f"ready {client_started}", flush=True)
-        sent = paced(spec.rate, stop, burst, time.sleep, WARMUP_EVENTS)
-        left = spool.flush(FLUSH_TIMEOUT_S)
-        poller.stop()
-        sender = spool.sender
-        assert sender is not None
-        counters = sender.counters
+        with head_logs(rings) as heads:
+            print(f"ready {client_started}", flush=True)
+            sent = paced(spec.rate, stop, burst, time.sleep, WARMUP_EVENTS)
+            left = spool.flush(FLUSH_TIMEOUT_S)
         partition_of = [partition_for_key(key, PARTITIONS) for key in KEYS]
         partitions = [
-            partition_of[index % KEY_SPACE] for index in range(WARMUP_EVENTS, WARMUP_EVENTS + sent)
+            partition_of[i % KEY_SPACE] for i in range(WARMUP_EVENTS, WARMUP_EVENTS + sent)
         ]
-        expected_end = dict(first_seq)
-        for partition in partitions:
-            expected_end[partition] += 1
+        expected_end = Counter(first_seq)
+        expected_end.update(partitions)
         ends = {partition: ring.next_seq for partition, ring in rings.items()}
-        if ends != expected_end:
-            raise RuntimeError(f"ring ends {ends} are not the expected {expected_end}")
-        ack_ns = ack_times_from_heads(partitions, first_seq, poller.logs)
+        if ends != dict(expected_end):
+            raise RuntimeError(f"ring ends {ends} are not the expected {dict(expected_end)}")
+        assert spool.sender is not None
         notes = {
             "unacknowledged_at_stop": left,
             "warmup_partition_counts": [first_seq[p] for p in range(PARTITIONS)],
-            "delivered": counters.delivered,
-            "retried_batches": counters.retried_batches,
-            "broker_errors": counters.broker_errors,
-            "producer_resets": counters.producer_resets,
-            "reconnects": counters.reconnects,
-            "dead_letters": counters.dead_letters,
-            "last_error": counters.last_error,
-            "head_reads_logged": sum(len(times) for times, _ in poller.logs.values()),
+            **{name: getattr(spool.sender.counters, name) for name in SENDER_NOTES},
+            "head_reads_logged": sum(len(times) for times, _ in heads.values()),
         }
-        _write_results(spec, send_ns, ack_ns, notes)
+        return send_ns, ack_times_from_heads(partitions, first_seq, heads), notes
     finally:
         spool.close(timeout=1.0)
 
 
-def anchor_config(bootstrap: str, errors: list[str]) -> dict[str, Any]:
-    """The sender's producer settings, plus murmur2_random, the Java-compatible partitioner."""
-
-    def on_error(error: Any) -> None:
-        errors.append(str(error))
-
-    return {
-        **sender_producer_config(bootstrap),
-        "partitioner": "murmur2_random",
-        "error_cb": on_error,
-    }
-
-
 def child_anchor(
-    spec: ChildSpec, stop: threading.Event, sent_log: LedgerWriter, delivered_log: LedgerWriter
-) -> None:
+    spec: ChildSpec, stop: threading.Event, logs: Mapping[str, LedgerWriter]
+) -> Stream:
     errors: list[str] = []
     client_started = time.monotonic_ns()
-    producer: Any = confluent_kafka.Producer(anchor_config(spec.bootstrap, errors))
-    produce = producer.produce
-    poll = producer.poll
-    topic = spec.topic
+    producer: Any = confluent_kafka.Producer(
+        anchor_config(spec.bootstrap, lambda error: errors.append(str(error)))
+    )
+    produce, poll, topic = producer.produce, producer.poll, spec.topic
     ids = EventIdGenerator()
     warm_counts = [0] * PARTITIONS
     failed: list[str] = []
@@ -422,21 +357,17 @@ def child_anchor(
             failed.append(str(error))
 
     for index in range(WARMUP_EVENTS):
-        produce(
-            topic,
-            value_of(index),
-            KEYS[index % KEY_SPACE],
-            headers=[("event_id", ids.next_id())],
-            on_delivery=on_warm_delivery,
-        )
+        headers = [("event_id", ids.next_id())]
+        value, key = value_of(index), KEYS[index % KEY_SPACE]
+        produce(topic, value, key, headers=headers, on_delivery=on_warm_delivery)
     if producer.flush(READY_TIMEOUT_S) or failed:
         raise RuntimeError(f"warm-up events not delivered in {READY_TIMEOUT_S} s: {failed[:3]}")
     send_ns = array("q")
     ack_ns = array("q")
     event_ids: list[str] = []
     clock = time.monotonic_ns
-    record = functools.partial(sent_log.append, target=topic)
-    delivered = functools.partial(delivered_log.append, target=topic)
+    record = functools.partial(logs["sent"].append, target=topic)
+    delivered = functools.partial(logs["delivered"].append, target=topic)
 
     def on_delivery(slot: int, error: Any, _message: Any) -> None:
         if error is None:
@@ -468,34 +399,38 @@ def child_anchor(
 
     print(f"ready {client_started}", flush=True)
     paced(spec.rate, stop, burst, poll, WARMUP_EVENTS)
-    left = producer.flush(FLUSH_TIMEOUT_S)
     notes = {
-        "unacknowledged_at_stop": left,
+        "unacknowledged_at_stop": producer.flush(FLUSH_TIMEOUT_S),
         "warmup_partition_counts": warm_counts,
         "failed_deliveries": len(failed),
         "first_failures": failed[:3],
         "error_cb_calls": len(errors),
         "first_errors": errors[:3],
     }
-    _write_results(spec, send_ns, ack_ns, notes)
+    return send_ns, ack_ns, notes
 
 
 def child_main(argv: Sequence[str]) -> int:
+    """Stream until "stop" comes on stdin, then write the send and acknowledgement times
+    (`out`.bin) and the notes (`out`.json)."""
     spec = ChildSpec(**json.loads(argv[0]))
     stop = threading.Event()
-    threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
-    sent_log = LedgerWriter(Path(spec.ledgers) / "sent.ids")
-    delivered_log = LedgerWriter(Path(spec.ledgers) / "delivered.ids")
-    if spec.side == "ours":
-        child_ours(spec, stop, sent_log)
-    elif spec.side == "anchor":
-        child_anchor(spec, stop, sent_log, delivered_log)
-    else:
-        raise SystemExit(f"unknown side {spec.side!r}")
+
+    def watch_stdin() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    logs = {log: LedgerWriter(Path(spec.ledgers) / f"{log}.ids") for log in LOGS}
+    stream = child_ours if spec.side == "ours" else child_anchor
+    send_ns, ack_ns, notes = stream(spec, stop, logs)
+    with open(spec.out + ".bin", "wb") as handle:
+        send_ns.tofile(handle)
+        ack_ns.tofile(handle)
+    Path(spec.out + ".json").write_text(json.dumps(notes), encoding="utf-8")
     return 0
-
-
-# ---- the parent: faults and figures ---------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -529,23 +464,14 @@ def settle_s(send_ns: Sequence[int], ack_ns: Sequence[int], at_ns: int) -> float
 
 def backlog_at(send_ns: Sequence[int], ack_ns: Sequence[int], at_ns: int) -> int:
     """Events sent before `at_ns` and not acknowledged by then."""
-    return sum(
-        1
-        for sent, acked in zip(send_ns, ack_ns, strict=True)
-        if sent < at_ns and (acked < 0 or acked > at_ns)
-    )
+    pairs = zip(send_ns, ack_ns, strict=True)
+    return sum(1 for sent, acked in pairs if sent < at_ns and (acked < 0 or acked > at_ns))
 
 
 def longest_wait_s(send_ns: Sequence[int], ack_ns: Sequence[int], start: int, end: int) -> float:
     """The longest send-to-acknowledgement wait of an event sent in [start, end)."""
-    return max(
-        (
-            (acked - sent) / 1e9
-            for sent, acked in zip(send_ns, ack_ns, strict=True)
-            if start <= sent < end
-        ),
-        default=0.0,
-    )
+    pairs = zip(send_ns, ack_ns, strict=True)
+    return max(((a - s) / 1e9 for s, a in pairs if start <= s < end), default=0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -576,8 +502,7 @@ def run_figures(
 ) -> RunFigures:
     if not send_ns:
         raise ValueError(f"{side}: no events were sent")
-    if any(acked < 0 for acked in ack_ns):
-        missing = sum(1 for acked in ack_ns if acked < 0)
+    if missing := sum(1 for acked in ack_ns if acked < 0):
         raise RuntimeError(f"{side}: {missing} events never acknowledged; notes {notes}")
     waits = sorted(acked - sent for sent, acked in zip(send_ns, ack_ns, strict=True))
     return RunFigures(
@@ -598,93 +523,22 @@ def run_figures(
 
 
 @dataclass(frozen=True, slots=True)
-class KillFigures:
+class KillFigures(Tally):
+    """What one SIGKILLed child had acknowledged and what of it reached the topic; for
+    the anchor also what its delivery reports had acknowledged, for ours its backlog."""
+
     side: str
     repetition: int
     down_phase_s: float
     kill_after_down_s: float
-    acknowledged: int
-    lost: int
-    duplicated: int
     delivery_acknowledged: int | None
     delivery_acknowledged_lost: int | None
     found_in_topic: int
     backlog_at_restart: int | None
 
 
-class Child:
-    """One side's child process: started, ready after its warm-up, then stopped or killed."""
-
-    def __init__(self, spec: ChildSpec, stderr_path: Path) -> None:
-        self.spec = spec
-        self.stderr_path = stderr_path
-        with stderr_path.open("wb") as stderr:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    os.fspath(Path(__file__).resolve()),
-                    CHILD_COMMAND,
-                    json.dumps(asdict(spec)),
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-            )
-
-    def wait_ready(self) -> int:
-        """Wait for the end of the child's warm-up; when it created its client (ns)."""
-        stdout: IO[str] | None = self.process.stdout
-        assert stdout is not None
-        word, _, stamp = stdout.readline().partition(" ")
-        if word != "ready":
-            self.process.kill()
-            self.process.wait()
-            raise RuntimeError(f"{self.spec.side} child did not start: {self.stderr_tail()}")
-        return int(stamp)
-
-    def stop(self) -> None:
-        stdin: IO[str] | None = self.process.stdin
-        assert stdin is not None
-        stdin.write("stop\n")
-        stdin.close()
-        try:
-            code = self.process.wait(FLUSH_TIMEOUT_S + 30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise RuntimeError(f"{self.spec.side} child did not finish") from None
-        self._close_pipes()
-        if code != 0:
-            raise RuntimeError(f"{self.spec.side} child failed ({code}): {self.stderr_tail()}")
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-        code = self.process.wait()
-        self._close_pipes()
-        if code != -signal.SIGKILL:
-            raise RuntimeError(f"{self.spec.side} child ended before its kill ({code})")
-
-    def abandon(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        self._close_pipes()
-
-    def _close_pipes(self) -> None:
-        for pipe in (self.process.stdin, self.process.stdout):
-            if pipe is not None and not pipe.closed:
-                pipe.close()
-
-    def stderr_tail(self) -> str:
-        return self.stderr_path.read_text(errors="replace")[-3000:]
-
-
 def sleep_until(deadline_ns: int) -> None:
-    wait = (deadline_ns - time.monotonic_ns()) / 1e9
-    if wait > 0:
-        time.sleep(wait)
+    time.sleep(max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9))
 
 
 def down_at(earliest_ns: int, client_started_ns: int, phase: float) -> int:
@@ -695,55 +549,62 @@ def down_at(earliest_ns: int, client_started_ns: int, phase: float) -> int:
     return client_started_ns + offset + max(0, seconds) * CLIENT_TIMER_NS
 
 
-def apply_faults(
-    cluster: MockCluster,
-    topic: str,
+AtPeak = Callable[[Child, ChildSpec], int | None]
+
+
+@contextmanager
+def faulted_run(
+    name: str,
+    side: str,
+    session: Session,
     phases: Phases,
     *,
-    client_started_ns: int,
+    rate: int,
     phase: float,
-    at_peak: Callable[[], int | None] = lambda: None,
-) -> FaultTimes:
-    """The fault schedule, from now: the broker's loss at `phase` of the client's 1 s
-    timer, once two steady phases have passed; `at_peak` runs `phases.kill_after_down_s`
-    into the outage."""
-    started = time.monotonic_ns()
-    steady = round(phases.steady_s * 1e9)
-    planned_down = down_at(started + 2 * steady, client_started_ns, phase)
-    sleep_until(planned_down - steady)
-    moved = time.monotonic_ns()
-    for partition in range(PARTITIONS):
-        cluster.set_leader(topic, partition, moved_leader(partition))
-    sleep_until(planned_down)
-    down = time.monotonic_ns()
-    cluster.broker_down(DOWN_BROKER)
-    for partition, leader in outage_leaders(DOWN_BROKER).items():
-        cluster.set_leader(topic, partition, leader)
-    sleep_until(down + round(phases.kill_after_down_s * 1e9))
-    killed = at_peak()
-    sleep_until(down + round(phases.outage_s * 1e9))
-    cluster.broker_up(DOWN_BROKER)
-    up = time.monotonic_ns()
-    return FaultTimes(started, moved, down, up, client_started_ns, killed)
-
-
-def make_spec(side: str, bootstrap: str, topic: str, directory: Path, rate: int) -> ChildSpec:
+    at_peak: AtPeak = lambda _child, _spec: None,
+) -> Iterator[tuple[ChildSpec, Child, FaultTimes]]:
+    """`side`'s child on a fresh cluster and topic, taken through the fault schedule: the
+    broker's loss at `phase` of the client's 1 s timer, once two steady phases have
+    passed; `at_peak` runs `phases.kill_after_down_s` into the outage. The child and the
+    cluster end with the block."""
+    topic = f"bench-failover-{name}"
+    directory = session.scratch / name
     directory.mkdir(parents=True)
-    return ChildSpec(
-        side=side,
-        bootstrap=bootstrap,
-        topic=topic,
-        directory=os.fspath(directory / "spool"),
-        rate=rate,
-        ledgers=os.fspath(directory),
-        out=os.fspath(directory / "result"),
-    )
-
-
-def create_topic(cluster: MockCluster, topic: str) -> None:
-    cluster.create_topic(topic, PARTITIONS, REPLICATION)
-    for partition in range(PARTITIONS):
-        cluster.set_leader(topic, partition, initial_leader(partition))
+    with session.cluster(name, BROKERS) as cluster:
+        cluster.create_topic(topic, PARTITIONS, REPLICATION)
+        for partition in range(PARTITIONS):
+            cluster.set_leader(topic, partition, initial_leader(partition))
+        bootstrap, out = cluster.bootstrap_servers, os.fspath(directory / "result")
+        spool = os.fspath(directory / "spool")
+        spec = ChildSpec(side, bootstrap, topic, spool, rate, os.fspath(directory), out)
+        argv = [json.dumps(asdict(spec))]
+        stderr = directory / "child.stderr"
+        child = Child.of_script(f"{side} child", __file__, argv, stderr, piped=True)
+        try:
+            word, _, stamp = child.start().read_line().partition(" ")
+            if word != "ready":
+                raise RuntimeError(f"{child.name} did not start: {child.stderr_tail()}")
+            client_started_ns = int(stamp)
+            started = time.monotonic_ns()
+            steady = round(phases.steady_s * 1e9)
+            planned_down = down_at(started + 2 * steady, client_started_ns, phase)
+            sleep_until(planned_down - steady)
+            moved = time.monotonic_ns()
+            for partition in range(PARTITIONS):
+                cluster.set_leader(topic, partition, moved_leader(partition))
+            sleep_until(planned_down)
+            down = time.monotonic_ns()
+            cluster.broker_down(DOWN_BROKER)
+            for partition, leader in outage_leaders(DOWN_BROKER).items():
+                cluster.set_leader(topic, partition, leader)
+            sleep_until(down + round(phases.kill_after_down_s * 1e9))
+            killed = at_peak(child, spec)
+            sleep_until(down + round(phases.outage_s * 1e9))
+            cluster.broker_up(DOWN_BROKER)
+            up = time.monotonic_ns()
+            yield spec, child, FaultTimes(started, moved, down, up, client_started_ns, killed)
+        finally:
+            child.terminate()
 
 
 def measure(
@@ -751,24 +612,11 @@ def measure(
 ) -> tuple[RunFigures, list[int]]:
     """One measured run of `side`; its figures and its warm-up partition counts."""
     name = f"{side}-{repetition}"
-    topic = f"bench-failover-{name}"
-    scratch = session.scratch
-    with session.cluster(name, BROKERS) as cluster:
-        create_topic(cluster, topic)
-        spec = make_spec(side, cluster.bootstrap_servers, topic, scratch / name, rate)
-        child = Child(spec, scratch / name / "child.stderr")
-        try:
-            client_started = child.wait_ready()
-            faults = apply_faults(
-                cluster, topic, phases, client_started_ns=client_started, phase=phase
-            )
-            sleep_until(faults.up + round(phases.tail_s * 1e9))
-            child.stop()
-        finally:
-            child.abandon()
-    raw = Path(spec.out + ".bin").read_bytes()
+    with faulted_run(name, side, session, phases, rate=rate, phase=phase) as (spec, child, faults):
+        sleep_until(faults.up + round(phases.tail_s * 1e9))
+        child.stop(FLUSH_TIMEOUT_S + 30)
     values = array("q")
-    values.frombytes(raw)
+    values.frombytes(Path(spec.out + ".bin").read_bytes())
     count = len(values) // 2
     notes = json.loads(Path(spec.out + ".json").read_text(encoding="utf-8"))
     result = run_figures(
@@ -777,118 +625,116 @@ def measure(
     return result, list(notes["warmup_partition_counts"])
 
 
-def log_start_offsets(bootstrap: str, topic: str) -> list[int]:
-    """Each partition's first offset: above 0 when the mock dropped old records."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{topic}"})
-    try:
-        return [
-            int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[0])
-            for p in range(PARTITIONS)
-        ]
-    finally:
-        consumer.close()
-
-
 def kill_run(
     side: str, repetition: int, session: Session, phases: Phases, *, rate: int, phase: float
 ) -> KillFigures:
     """SIGKILL `side` in mid-outage (`Phases.kill_after_down_s`); what of its acknowledged
-    events is not in the topic."""
-    name = f"{side}-kill-{repetition}"
-    topic = f"bench-failover-{name}"
+    events is not in the topic. Ours is restarted at once, as a supervisor would."""
+    restarted: list[Spool] = []
     backlog: int | None = None
-    scratch = session.scratch
-    with session.cluster(name, BROKERS) as cluster:
-        bootstrap = cluster.bootstrap_servers
-        create_topic(cluster, topic)
-        spec = make_spec(side, bootstrap, topic, scratch / name, rate)
-        child = Child(spec, scratch / name / "child.stderr")
-        restarted: list[Spool] = []
 
-        def kill() -> int:
-            nonlocal backlog
-            child.kill()
-            killed = time.monotonic_ns()
-            if side == "ours":  # restarted at once, as a supervisor would
-                spool = Spool(spec.directory, bootstrap)
-                restarted.append(spool)
-                backlog = spool.unacknowledged()
-            return killed
+    def kill(child: Child, spec: ChildSpec) -> int:
+        nonlocal backlog
+        child.kill()
+        killed = time.monotonic_ns()
+        if side == "ours":
+            restarted.append(Spool(spec.directory, spec.bootstrap))
+            backlog = restarted[0].unacknowledged()
+        return killed
 
-        try:
-            client_started = child.wait_ready()
-            faults = apply_faults(
-                cluster, topic, phases, client_started_ns=client_started, phase=phase, at_peak=kill
-            )
-            if restarted:
-                spool = restarted[0]
-                left = spool.flush(FLUSH_TIMEOUT_S)
-                spool.close()
-                if left:
+    name = f"{side}-kill-{repetition}"
+    with faulted_run(name, side, session, phases, rate=rate, phase=phase, at_peak=kill) as (
+        spec,
+        _child,
+        faults,
+    ):
+        for spool in restarted:
+            with spool:
+                if left := spool.flush(FLUSH_TIMEOUT_S):
                     raise RuntimeError(f"{left} spooled events not acknowledged after restart")
-        finally:
-            child.abandon()
-            for spool in restarted:
-                spool.close(timeout=1.0)
         time.sleep(SETTLE_S)
-        starts = log_start_offsets(bootstrap, topic)
+        consumer = Consumer({"bootstrap.servers": spec.bootstrap, "group.id": f"bench-{name}"})
+        try:  # each partition's first offset: above 0 when the mock dropped old records
+            partitions = [TopicPartition(spec.topic, p) for p in range(PARTITIONS)]
+            starts = [consumer.get_watermark_offsets(tp, timeout=10)[0] for tp in partitions]
+        finally:
+            consumer.close()
         if any(starts):
-            raise RuntimeError(f"the mock dropped the oldest records of {topic}: {starts}")
-        seen = drain(bootstrap, [topic], CONSUME_TIMEOUT_S)
-    sent, delivered = (
-        LedgerReader(Path(spec.ledgers), f"{log}.ids") for log in ("sent", "delivered")
-    )
-    sent.poll()
-    delivered.poll()
-    book = ledger(sent.ids(topic), seen)
-    delivered_book = ledger(delivered.ids(topic), seen) if side == "anchor" else None
+            raise RuntimeError(f"the mock dropped the oldest records of {spec.topic}: {starts}")
+        seen = drain(spec.bootstrap, [spec.topic], CONSUME_TIMEOUT_S)
+    acknowledged = []
+    for log in LOGS:
+        reader = LedgerReader(Path(spec.ledgers), f"{log}.ids")
+        reader.poll()
+        acknowledged.append(reader.ids(spec.topic))
+    delivered = ledger(acknowledged[1], seen) if side == "anchor" else None
     assert faults.killed is not None
     return KillFigures(
+        **asdict(tally(acknowledged[0], seen)),
         side=side,
         repetition=repetition,
         down_phase_s=round(faults.down_phase_s, 3),
         kill_after_down_s=round((faults.killed - faults.down) / 1e9, 3),
-        acknowledged=book.sent,
-        lost=book.lost,
-        duplicated=book.duplicated,
-        delivery_acknowledged=None if delivered_book is None else delivered_book.sent,
-        delivery_acknowledged_lost=None if delivered_book is None else delivered_book.lost,
+        delivery_acknowledged=None if delivered is None else delivered.sent,
+        delivery_acknowledged_lost=None if delivered is None else delivered.lost,
         found_in_topic=sum(seen.values()),
         backlog_at_restart=backlog,
     )
 
 
-# ---- summary ------------------------------------------------------------------------
+# A side's summary over its runs: key, RunFigures field, digits (None: as it is).
+_RUN_MEDIANS = (
+    ("recovery_s", "recovery_s", 4),
+    ("p50_ack_ms", "p50_ms", 3),
+    ("p99_ack_ms", "p99_ms", 3),
+    ("max_ack_ms", "max_ms", 3),
+    ("backlog_at_up", "backlog_at_up", None),
+    ("outage_stall_s", "outage_stall_s", 4),
+    ("leader_move_settle_s", "move_settle_s", 4),
+    ("broker_down_settle_s", "down_settle_s", 4),
+    ("events", "events", None),
+)
+# The timed figures: name, summary key, unit, title, anchor_is.
+_TIMED = (
+    (
+        FIGURE,
+        "recovery_s",
+        "s",
+        "From a failed broker's return until every event sent is acknowledged",
+        "a bare idempotent Producer with the sender's settings",
+    ),
+    (
+        "failover_p99_send_to_ack_ms",
+        "p99_ack_ms",
+        "ms",
+        "p99 send to acknowledgement through leader moves and a broker outage",
+        "the same producer",
+    ),
+    (
+        "failover_outage_stall_s",
+        "outage_stall_s",
+        "s",
+        "Longest send-to-acknowledgement wait of an event sent while a broker was down",
+        "the same producer",
+    ),
+)
 
 
 def side_summary(runs: Sequence[RunFigures]) -> dict[str, float | int]:
-    if not runs:
-        raise ValueError("no runs to summarise")
-    return {
-        "runs": len(runs),
-        "recovery_s": round(median(r.recovery_s for r in runs), 4),
-        "p50_ack_ms": round(median(r.p50_ms for r in runs), 3),
-        "p99_ack_ms": round(median(r.p99_ms for r in runs), 3),
-        "max_ack_ms": round(median(r.max_ms for r in runs), 3),
-        "backlog_at_up": median(r.backlog_at_up for r in runs),
-        "outage_stall_s": round(median(r.outage_stall_s for r in runs), 4),
-        "leader_move_settle_s": round(median(r.move_settle_s for r in runs), 4),
-        "broker_down_settle_s": round(median(r.down_settle_s for r in runs), 4),
-        "events": median(r.events for r in runs),
-    }
+    summary: dict[str, float | int] = {"runs": len(runs)}
+    for key, name, digits in _RUN_MEDIANS:
+        value = median(getattr(run, name) for run in runs)
+        summary[key] = value if digits is None else round(value, digits)
+    return summary
 
 
 def kill_summary(kills: Sequence[KillFigures]) -> dict[str, float | int | None]:
-    if not kills:
-        raise ValueError("no kills to summarise")
+    """`harness.ledger.summary` over a side's kills, with its delivery-acknowledged losses
+    (the anchor) and its backlog at restart (ours)."""
     delivered = [k.delivery_acknowledged_lost for k in kills]
     backlogs = [k.backlog_at_restart for k in kills if k.backlog_at_restart is not None]
     return {
-        "kills": len(kills),
-        "acknowledged": median(k.acknowledged for k in kills),
-        "lost": median(k.lost for k in kills),
-        "lost_max": max(k.lost for k in kills),
-        "duplicated": median(k.duplicated for k in kills),
+        **summary(kills),
         "delivery_acknowledged_lost": (
             None if any(d is None for d in delivered) else median(d or 0 for d in delivered)
         ),
@@ -897,10 +743,6 @@ def kill_summary(kills: Sequence[KillFigures]) -> dict[str, float | int | None]:
 
 
 def build_result(
-    args: BenchArgs,
-    *,
-    repeats: int,
-    kills_per_side: int,
     runs: Sequence[RunFigures],
     kills: Sequence[KillFigures],
     phases: Phases,
@@ -910,77 +752,48 @@ def build_result(
     summaries = {side: side_summary([r for r in runs if r.side == side]) for side in SIDES}
     kill_summaries = {side: kill_summary([k for k in kills if k.side == side]) for side in SIDES}
     ours, anchor = summaries["ours"], summaries["anchor"]
-    ours_kill, anchor_kill = kill_summaries["ours"], kill_summaries["anchor"]
     by_rep = {(r.side, r.repetition): r for r in runs}
     paired = [
-        safe_ratio(by_rep[("anchor", rep)].recovery_s, by_rep[("ours", rep)].recovery_s)
-        for side, rep in by_rep
+        ratio
+        for (side, rep), run in by_rep.items()
         if side == "ours" and ("anchor", rep) in by_rep
+        if (ratio := safe_ratio(by_rep[("anchor", rep)].recovery_s, run.recovery_s)) is not None
     ]
-    paired_known = [p for p in paired if p is not None]
-    headline = figure(
-        FIGURE,
-        ours["recovery_s"],
-        anchor["recovery_s"],
-        unit="s",
-        title="From a failed broker's return until every event sent is acknowledged",
-        anchor_is="a bare idempotent Producer with the sender's settings",
-        higher_is_better=False,
-    )
-    p99 = figure(
-        "failover_p99_send_to_ack_ms",
-        ours["p99_ack_ms"],
-        anchor["p99_ack_ms"],
-        unit="ms",
-        title="p99 send to acknowledgement through leader moves and a broker outage",
-        anchor_is="the same producer",
-        higher_is_better=False,
-    )
-    stall = figure(
-        "failover_outage_stall_s",
-        ours["outage_stall_s"],
-        anchor["outage_stall_s"],
-        unit="s",
-        title="Longest send-to-acknowledgement wait of an event sent while a broker was down",
-        anchor_is="the same producer",
-        higher_is_better=False,
-    )
-    ours_lost = float(ours_kill["lost"] or 0)
-    anchor_lost = float(anchor_kill["lost"] or 0)
-    lost = lost_figure(
+    # Seconds that can be a few milliseconds: a rerun may move each ratio a lot.
+    timed = [
+        figure(
+            name,
+            ours[key],
+            anchor[key],
+            unit=unit,
+            title=title,
+            anchor_is=anchor_is,
+            higher_is_better=False,
+        )
+        | {"tolerance": 1.0}
+        for name, key, unit, title, anchor_is in _TIMED
+    ]
+    lost = {side: float(kill_summaries[side]["lost"] or 0) for side in SIDES}
+    delivery_lost = kill_summaries["anchor"]["delivery_acknowledged_lost"]
+    lost_per_kill = lost_figure(
         "failover_sigkill_acknowledged_events_lost_per_kill",
-        ours_lost,
-        anchor_lost,
+        lost["ours"],
+        lost["anchor"],
         title=f"Acknowledged events lost to a SIGKILL {phases.kill_after_down_s:g} s into "
         f"a {phases.outage_s:g} s broker outage (median)",
         anchor_is="a bare Producer: produce() returned",
-    ) | {"anchor_delivery_acknowledged_lost": anchor_kill["delivery_acknowledged_lost"]}
+    ) | {"anchor_delivery_acknowledged_lost": delivery_lost}
     return {
-        "figure": headline["figure"],
-        "ours": headline["ours"],
-        "anchor": headline["anchor"],
-        "ratio": headline["ratio"],
-        "unit": "s",
-        "higher_is_better": False,
-        "title": headline["title"],
-        "anchor_is": headline["anchor_is"],
-        "description": "seconds from broker 3's return until every event sent before it is "
-        "acknowledged, median over runs; ratio = anchor / ours",
-        # Seconds that can be a few milliseconds: a rerun may move the ratio a lot.
-        "tolerance": 1.0,
-        "figures": [
-            {**p99, "tolerance": 1.0},
-            {**stall, "tolerance": 1.0},
-            lost,
-        ],
+        **timed[0],
+        "figures": [*timed[1:], lost_per_kill],
         "recovery_s": {"ours": ours["recovery_s"], "anchor": anchor["recovery_s"]},
         "p99_ack_ms": {"ours": ours["p99_ack_ms"], "anchor": anchor["p99_ack_ms"]},
         "lost_per_kill": {
-            "ours_send_returned": ours_lost,
-            "anchor_produce_returned": anchor_lost,
-            "anchor_delivery_acknowledged": anchor_kill["delivery_acknowledged_lost"],
+            "ours_send_returned": lost["ours"],
+            "anchor_produce_returned": lost["anchor"],
+            "anchor_delivery_acknowledged": delivery_lost,
         },
-        "ratio_paired_median": round(median(paired_known), 4) if paired_known else None,
+        "ratio_paired_median": round(median(paired), 4) if paired else None,
         "sides": summaries,
         "kill_sides": kill_summaries,
         "runs": [{k: v for k, v in asdict(r).items() if k != "notes"} for r in runs],
@@ -988,94 +801,42 @@ def build_result(
         "kills": [asdict(k) for k in kills],
         "payload_bytes": PAYLOAD_BYTES,
         "partitions": PARTITIONS,
-        "settings": settings_description(phases, rate),
-        "method": {
-            "recovery": "from broker_up returning until the last event sent before it is "
-            "acknowledged (ours: its ring's head_seq past it; anchor: its delivery report)",
-            "ack_time_ours": f"a child thread reads every ring's head_seq each "
-            f"{HEAD_POLL_S * 1000:g} ms and logs changes with the time read; an event's "
-            "acknowledgement is the first read past its ring sequence (a late read counts "
-            "against ours)",
-            "ack_time_anchor": "its delivery callback, run by poll() (the child waits in "
-            "poll() between bursts)",
-            "p99": "over every event sent after the warm-up, faults included; median over runs",
-            "outage_stall": "the longest send-to-acknowledgement wait of an event sent "
-            "between broker_down and broker_up",
-            "down_phase": "broker 3 goes down (r + 0.5) / N s past a whole second of the "
-            "client's life in repetition r of N (librdkafka re-queries leaders on a 1 s timer "
-            "from the client's creation); the actual phase of each run is in runs/kills",
-            "settle": "leader_move_settle_s / broker_down_settle_s: from just before the "
-            "fault until the last event sent before it is acknowledged",
-            "lost": "acknowledged ids recorded by the child in a memory-mapped file, compared "
-            "by event_id with every partition read to its end after the kill (and, for ours, "
-            "after a restart on the same spool directory flushed to 0)",
-            "median_over": "runs (kills); ours and the anchor alternate, each on a fresh mock "
-            "cluster and topic",
+        "settings": {
+            "rate_events_per_s": rate,
+            "burst_every_ms": BURST_S * 1000,
+            "brokers": BROKERS,
+            "replication": REPLICATION,
+            "key_space": KEY_SPACE,
+            "warmup_events": WARMUP_EVENTS,
+            "head_poll_ms": HEAD_POLL_S * 1000,
+            "phases_s": asdict(phases),
+            "faults": {
+                "initial_leaders": {p: initial_leader(p) for p in range(PARTITIONS)},
+                "leader_move": {p: moved_leader(p) for p in range(PARTITIONS)},
+                "broker_down": DOWN_BROKER,
+                "outage_leaders": outage_leaders(DOWN_BROKER),
+            },
+            **compared_settings(),
         },
-        "kills_per_side": kills_per_side,
-        "cpu_model": machine()["cpu_model"],
         **provenance,
-        "repetitions": repeats,
+        "repetitions": ours["runs"],
+        "kills_per_side": kill_summaries["ours"]["kills"],
     }
-
-
-def settings_description(phases: Phases, rate: int) -> dict[str, object]:
-    sender = SenderSettings()
-    spool = SpoolSettings()
-    anchor = {k: v for k, v in anchor_config("BOOTSTRAP", []).items() if not callable(v)}
-    return {
-        "rate_events_per_s": rate,
-        "burst_every_ms": BURST_S * 1000,
-        "partitions": PARTITIONS,
-        "replication": REPLICATION,
-        "brokers": BROKERS,
-        "key_space": KEY_SPACE,
-        "key_example": "user-123",
-        "payload_bytes": PAYLOAD_BYTES,
-        "warmup_events": WARMUP_EVENTS,
-        "phases_s": {
-            "steady": phases.steady_s,
-            "after_leader_move": phases.steady_s,
-            "broker_down": phases.outage_s,
-            "kill_after_down": phases.kill_after_down_s,
-            "tail_after_up": phases.tail_s,
-        },
-        "faults": {
-            "initial_leaders": {p: initial_leader(p) for p in range(PARTITIONS)},
-            "leader_move": {p: moved_leader(p) for p in range(PARTITIONS)},
-            "broker_down": DOWN_BROKER,
-            "outage_leaders": outage_leaders(DOWN_BROKER),
-        },
-        "anchor_producer": anchor,
-        "spool": {
-            "durability": spool.queue.durability.value,
-            "capacity_bytes_per_ring": spool.queue.capacity_bytes,
-            "full_policy": spool.queue.full_policy.value,
-            "sender": "default SenderSettings",
-            "linger_ms": sender.linger_ms,
-            "batch_size": sender.batch_size,
-            "compression": sender.compression,
-            "statistics_interval_ms": sender.statistics_interval_ms,
-        },
-    }
-
-
-# ---- main -----------------------------------------------------------------------------
 
 
 def run(args: BenchArgs) -> dict[str, object]:
     ns = args.namespace
-    repeats: int = ns.repeats or (QUICK_RUNS if args.quick else FULL_RUNS)
-    kills_arg: int | None = ns.kills
-    kills = kills_arg if kills_arg is not None else (QUICK_KILLS if args.quick else FULL_KILLS)
+    repeats: int = ns.repeats or RUNS[args.quick]
+    kills: int = KILLS[args.quick] if ns.kills is None else ns.kills
     rate: int = ns.rate
-    kill_at: float | None = ns.kill_at
-    phases = Phases(
-        steady_s=QUICK_STEADY_S if args.quick else FULL_STEADY_S,
-        outage_s=OUTAGE_S,
-        tail_s=QUICK_TAIL_S if args.quick else FULL_TAIL_S,
-        kill_after_down_s=OUTAGE_S / 2 if kill_at is None else kill_at,
-    )
+    kill_at: float = OUTAGE_S / 2 if ns.kill_at is None else ns.kill_at
+    if kills < 1:
+        raise SystemExit("--kills must be at least 1")
+    if not 0 < kill_at < OUTAGE_S:
+        raise SystemExit(f"--kill-at must lie inside the {OUTAGE_S:g} s outage")
+    if rate < 1 / BURST_S:
+        raise SystemExit(f"--rate must be at least {1 / BURST_S:g} (one event per burst)")
+    phases = Phases(STEADY_S[args.quick], OUTAGE_S, TAIL_S[args.quick], kill_at)
     runs: list[RunFigures] = []
     kill_list: list[KillFigures] = []
     with Session(args, "failover") as session:
@@ -1088,9 +849,8 @@ def run(args: BenchArgs) -> dict[str, object]:
         for rep in range(max(repeats, kills)):
             warm: dict[str, list[int]] = {}
             for side in alternate(rep, SIDES) if rep < repeats else ():
-                result, warm[side] = measure(
-                    side, rep, session, phases, rate=rate, phase=(rep + 0.5) / repeats
-                )
+                phase = (rep + 0.5) / repeats
+                result, warm[side] = measure(side, rep, session, phases, rate=rate, phase=phase)
                 runs.append(result)
                 progress(
                     f"run {rep + 1}/{repeats} {side:6}: recovery {result.recovery_s:.3f} s "
@@ -1108,67 +868,42 @@ def run(args: BenchArgs) -> dict[str, object]:
                 kill_list.append(kill)
                 progress(
                     f"kill {rep + 1}/{kills} {side:6}: {kill.kill_after_down_s:.2f} s into the "
-                    f"outage, {kill.acknowledged:,} acknowledged, {kill.lost:,} lost"
+                    f"outage, {kill.acknowledged:,} acknowledged, {kill.lost:,} lost; "
                     + (
-                        f" ({kill.delivery_acknowledged_lost} of "
-                        f"{kill.delivery_acknowledged:,} delivery-acknowledged lost)"
-                        if kill.delivery_acknowledged is not None
-                        else f", {kill.backlog_at_restart:,} waiting at restart"
+                        f"{kill.delivery_acknowledged_lost} delivery-acknowledged lost"
+                        if side == "anchor"
+                        else f"{kill.backlog_at_restart} waiting at restart"
                     )
                 )
-    return build_result(
-        args,
-        repeats=repeats,
-        kills_per_side=kills,
-        runs=runs,
-        kills=kill_list,
-        phases=phases,
-        rate=rate,
-        provenance=session.provenance(
-            "librdkafka's mock cluster, 3 brokers, in a process of its own, same machine"
-        ),
-    )
+        mock = "librdkafka's mock cluster, 3 brokers, in a process of its own, same machine"
+        provenance = session.provenance(mock)
+    return build_result(runs, kill_list, phases, rate, provenance)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == [CHILD_COMMAND]:
-        return child_main(arguments[1:])
+    if (child_argv := child_arguments(argv)) is not None:
+        return child_main(child_argv)
 
     def extra(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--kills",
             type=int,
-            default=None,
-            help=f"SIGKILLed runs per side (default {FULL_KILLS}, {QUICK_KILLS} with --quick)",
+            help=f"SIGKILLed runs per side (default {KILLS[False]}, {KILLS[True]} with --quick)",
         )
         parser.add_argument(
             "--kill-at",
             type=float,
-            default=None,
             help=f"seconds into the outage of each SIGKILL (default {OUTAGE_S / 2:g}, halfway)",
         )
         parser.add_argument(
             "--rate", type=int, default=RATE, help=f"events per second (default {RATE:,})"
         )
 
-    args = parse_args(
+    description = (
         "Broker failover: recovery, send-to-ack p99 and SIGKILL loss, Spool vs a Producer "
-        f"(--repeats: runs per side, default {FULL_RUNS}, {QUICK_RUNS} with --quick)",
-        arguments,
-        extra,
+        f"(--repeats: runs per side, default {RUNS[False]}, {RUNS[True]} with --quick)"
     )
-    ns = args.namespace
-    if ns.kills is not None and ns.kills < 1:
-        raise SystemExit("--kills must be at least 1")
-    if ns.kill_at is not None and not 0 < ns.kill_at < OUTAGE_S:
-        raise SystemExit(f"--kill-at must lie inside the {OUTAGE_S:g} s outage")
-    if ns.rate < 1 / BURST_S:
-        raise SystemExit(f"--rate must be at least {1 / BURST_S:g} (one event per burst)")
-    result = run(args)
-    print_figures(result)
-    emit_result(result)
-    return 0
+    return bench_main(description, run, argv, extra)
 
 
 if __name__ == "__main__":

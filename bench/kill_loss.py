@@ -1,24 +1,23 @@
 """What a SIGKILL takes from events the application was told were acknowledged: a
 `Spool` against a bare `confluent_kafka.Producer` and its safe-but-slow fix.
 
-Each lane runs in a child process (this script with a hidden first argument) that
-produces keyless 100-byte events (the value starts with the event's sequence number,
-zero-padded to 12 digits; the producer lanes add an `event_id` header, a UUIDv7 as the
-spool does) as fast as it can to a fresh one-partition topic. After every
-acknowledgement the child records the event's id in a ledger file
-(`eventspool.testing.ledger`, memory-mapped), which a SIGKILL cannot cut short. Each child first
-delivers one event and waits for the broker's acknowledgement, so the kill lands in full
-flight rather than during start-up (a bare idempotent producer's first delivery to this
-broker takes about 0.5 s, and a kill before it costs its whole queue). The parent waits
-for that first acknowledgement, sleeps a random delay (the same delay for every lane of
-a repetition; lanes rotate order), then SIGKILLs the child. Lanes:
+Each lane runs in a child process that produces keyless 100-byte events (the value
+starts with the event's sequence number, zero-padded to 12 digits; the producer lanes
+add an `event_id` header, a UUIDv7 as the spool does) as fast as it can to a fresh
+one-partition topic, and records each acknowledged event's id in a ledger file
+(`eventspool.testing.ledger`, memory-mapped), which a SIGKILL cannot cut short. Each
+child first delivers one event and waits for it, so the kill lands in full flight rather
+than during start-up (a bare idempotent producer's first delivery here takes about
+0.5 s, and a kill before it costs its whole queue). The parent waits for that first
+acknowledgement, sleeps a random delay (the same for every lane of a repetition; lanes
+rotate order), then SIGKILLs the child. Lanes:
 
 * spool (ours): `Spool.send()` with default settings (durability `process`, 32 MiB rings,
   reject when full: the child retries after 1 ms). Acknowledged = `send()` returned.
-  After the kill the parent reopens the same spool directory, `flush()`es it to the
-  broker and closes it. A ring holds 174,762 events of this size; at full speed it fills
-  within about a second, and from then on `send()` is paced by the sender thread of the
-  same process (its `backlog_at_reopen` is then about the ring's capacity).
+  After the kill the parent reopens the spool directory and `flush()`es it. A ring holds
+  174,762 events of this size; at full speed it fills within about a second, and from
+  then on `send()` is paced by the sender thread (`backlog_at_reopen` is then about the
+  ring's capacity).
 * producer (the anchor): `Producer.produce()` with acks=all, enable.idempotence=true,
   compression.type=lz4 and librdkafka's defaults otherwise (linger.ms 5, a queue of
   100,000 messages; BufferError -> poll(0.01) and retry; poll(0) every 1,000 events).
@@ -27,15 +26,12 @@ a repetition; lanes rotate order), then SIGKILLs the child. Lanes:
   produced, then `flush()`; acknowledged = a delivery report without error.
 
 After the kill (and 0.5 s for a request the broker already received), the parent writes
-a marker event to the topic and reads the partition up to the marker
-(`eventspool.verify.consume_topic`): within one partition that is everything the topic
-will ever hold from the child. `eventspool.verify.ledger` then compares the
-acknowledged ids with the ids found. Per kill: acknowledged, delivered (acknowledged and
-found), lost, duplicates, found-but-never-acknowledged, and the acknowledged rate
-between the first acknowledgement and the kill. Each figure is the median over kills.
-
-The broker is tansu (in memory) on the same machine. The LAST line on stdout is one JSON
-object; progress and a table go to stderr.
+a marker event and reads the partition up to it (`eventspool.verify.consume_topic`):
+everything the topic will ever hold from the child. The ids are compared
+(`eventspool.verify.ledger`): per kill, acknowledged, delivered, lost, duplicates,
+found-but-never-acknowledged, and the acknowledged rate between the first
+acknowledgement and the kill. Each figure is the median over kills. The broker is tansu
+(in memory) on the same machine.
 """
 
 from __future__ import annotations
@@ -43,12 +39,9 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
-import subprocess
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -60,10 +53,13 @@ from eventspool.envelope import EventIdGenerator
 from eventspool.errors import SpoolFullError
 from eventspool.pipeline import Spool
 from eventspool.testing.ledger import LedgerReader, LedgerWriter, committed_lines
-from eventspool.verify import consume_topic, ledger
-from harness.cli import BenchArgs, parse_args
-from harness.ledger import delivered_fraction, lost_figure
-from harness.output import emit_result, print_table, progress
+from eventspool.verify import consume_topic
+from harness.child import Child, child_arguments
+from harness.cli import BenchArgs, bench_main
+from harness.figures import figure
+from harness.ledger import Tally, lost_figure, summary, tally
+from harness.output import progress
+from harness.producer import compared_settings
 from harness.runs import median, safe_ratio
 from harness.session import Session
 
@@ -80,14 +76,10 @@ READY_TIMEOUT_S = 60.0
 SETTLE_S = 0.5
 FLUSH_TIMEOUT_S = 300.0
 CONSUME_TIMEOUT_S = 300.0
-CHILD_COMMAND = "_child"
 _PADDING = b"." * (PAYLOAD_BYTES - 12)
 _POLL_EVERY = 1000
 _FULL_RETRY_S = 0.001
 _BUFFER_RETRY_S = 0.01
-
-
-# ---- the child: one lane, producing until SIGKILLed ---------------------------------------
 
 
 def value_of(sequence: int) -> bytes:
@@ -104,20 +96,20 @@ def producer_config(bootstrap: str) -> dict[str, object]:
     }
 
 
-def warm_up(producer: Any, acked: Callable[[str], None], ids: EventIdGenerator, topic: str) -> None:
-    """Deliver event 0 and wait for it, so the measured loop starts connected (a bare
-    idempotent producer's first delivery takes about 0.5 s here)."""
-    event_id = ids.next_id()
+def deliver_one(producer: Any, topic: str, value: bytes, event_id: str) -> str:
+    """Produce one event and wait for its delivery report: a child's first event, so the
+    measured loop starts connected (a bare idempotent producer's first delivery takes
+    about 0.5 s here), or the marker."""
     failures: list[object] = []
 
     def on_delivery(error: Any, _message: Any) -> None:
         if error is not None:
             failures.append(error)
 
-    producer.produce(topic, value_of(0), headers=[("event_id", event_id)], on_delivery=on_delivery)
+    producer.produce(topic, value, headers=[("event_id", event_id)], on_delivery=on_delivery)
     if producer.flush(READY_TIMEOUT_S) or failures:
-        raise RuntimeError(f"the first event was not delivered: {failures}")
-    acked(event_id)
+        raise RuntimeError(f"{topic}: event {event_id} not delivered: {failures}")
+    return event_id
 
 
 def run_spool(acked: Callable[[str], None], bootstrap: str, topic: str, directory: str) -> None:
@@ -147,7 +139,7 @@ def run_producer(acked: Callable[[str], None], bootstrap: str, topic: str) -> No
     produce = producer.produce
     poll = producer.poll
     ids = EventIdGenerator()
-    warm_up(producer, acked, ids, topic)
+    acked(deliver_one(producer, topic, value_of(0), ids.next_id()))
     sequence = 1
     countdown = _POLL_EVERY
     while True:
@@ -180,7 +172,7 @@ def run_wait(acked: Callable[[str], None], bootstrap: str, topic: str, batch: in
 
         return on_delivery
 
-    warm_up(producer, acked, ids, topic)
+    acked(deliver_one(producer, topic, value_of(0), ids.next_id()))
     sequence = 1
     while True:
         for _ in range(batch):
@@ -216,72 +208,22 @@ def child_main(argv: Sequence[str]) -> int:
     return 0
 
 
-# ---- the ledger of one kill -----------------------------------------------------------
-
-
 @dataclass(frozen=True, slots=True)
-class KillLedger:
-    """What one SIGKILLed child had acknowledged and what of it reached the topic."""
+class KillLedger(Tally):
+    """What one SIGKILLed child of a lane had acknowledged and what of it reached the topic."""
 
     lane: str
     repetition: int
     kill_after_s: float
-    acknowledged: int
-    delivered: int
-    lost: int
-    duplicated: int
-    unacknowledged_delivered: int
     rate: float
     backlog_at_reopen: int | None = None
 
-    @property
-    def delivered_fraction(self) -> float:
-        return delivered_fraction(self.delivered, self.acknowledged)
-
-
-def kill_ledger(
-    lane: str,
-    repetition: int,
-    *,
-    acknowledged: Collection[str],
-    seen: Counter[str],
-    marker: str,
-    kill_after_s: float,
-    rate: float,
-    backlog_at_reopen: int | None = None,
-) -> KillLedger:
-    """Compare the acknowledged ids with the ids found in the topic (`seen`, marker included)."""
-    book = ledger(acknowledged, seen)
-    acked = set(acknowledged)
-    extra = sum(1 for event_id in seen if event_id != marker and event_id not in acked)
-    return KillLedger(
-        lane=lane,
-        repetition=repetition,
-        kill_after_s=round(kill_after_s, 3),
-        acknowledged=book.sent,
-        delivered=book.delivered,
-        lost=book.lost,
-        duplicated=book.duplicated,
-        unacknowledged_delivered=extra,
-        rate=round(rate, 1),
-        backlog_at_reopen=backlog_at_reopen,
-    )
-
 
 def lane_summary(ledgers: Sequence[KillLedger]) -> dict[str, float | int | None]:
-    """Medians over the kills of one lane, plus the worst loss and the worst fraction."""
-    if not ledgers:
-        raise ValueError("no kills to summarise")
+    """`harness.ledger.summary` over the kills of one lane, plus its rate and backlog."""
     backlogs = [k.backlog_at_reopen for k in ledgers if k.backlog_at_reopen is not None]
     return {
-        "kills": len(ledgers),
-        "acknowledged": median(k.acknowledged for k in ledgers),
-        "delivered_fraction": round(median(k.delivered_fraction for k in ledgers), 6),
-        "delivered_fraction_min": round(min(k.delivered_fraction for k in ledgers), 6),
-        "lost": median(k.lost for k in ledgers),
-        "lost_max": max(k.lost for k in ledgers),
-        "duplicated": median(k.duplicated for k in ledgers),
-        "unacknowledged_delivered": median(k.unacknowledged_delivered for k in ledgers),
+        **summary(ledgers),
         "rate": round(median(k.rate for k in ledgers), 1),
         "backlog_at_reopen": median(backlogs) if backlogs else None,
     }
@@ -290,80 +232,64 @@ def lane_summary(ledgers: Sequence[KillLedger]) -> dict[str, float | int | None]
 def figures(summaries: Mapping[str, Mapping[str, Any]], wait_lane: str) -> list[dict[str, object]]:
     """The secondary figures; each ratio is above 1 when the spool is ahead."""
     ours = summaries[OURS]
-    anchor = summaries[ANCHOR]
-    out = [
-        lost_figure(
-            "sigkill_acknowledged_events_lost_per_kill",
-            ours["lost"],
-            anchor["lost"],
-            title="Acknowledged events lost per SIGKILL (median)",
-            anchor_is="a bare Producer: produce() returned",
+    batch = wait_lane.removeprefix(WAIT_LANE_PREFIX)
+    rates = [
+        figure(
+            name,
+            ours["rate"],
+            summaries[lane]["rate"],
+            unit="events/s",
+            title="Acknowledged events/s until the SIGKILL",
+            anchor_is=anchor_is,
+        )
+        # Until a random kill: the spool's rate drops once its ring is full.
+        | {"tolerance": 0.6, "anchor_lost_per_kill": summaries[lane]["lost"]}
+        for lane, name, anchor_is in (
+            (
+                WAIT_EACH,
+                "acknowledged_rate_vs_producer_waiting_for_each_delivery",
+                "a Producer waiting for each delivery report",
+            ),
+            (
+                wait_lane,
+                f"acknowledged_rate_vs_producer_waiting_per_{batch}",
+                f"a Producer waiting for delivery every {batch} events",
+            ),
+            (
+                ANCHOR,
+                "acknowledged_rate_vs_bare_producer",
+                "a bare Producer: produce() returned (loses its buffer)",
+            ),
         )
     ]
-    batch = wait_lane.removeprefix(WAIT_LANE_PREFIX)
-    for lane, name, anchor_is in (
-        (
-            WAIT_EACH,
-            "acknowledged_rate_vs_producer_waiting_for_each_delivery",
-            "a Producer waiting for each delivery report",
-        ),
-        (
-            wait_lane,
-            f"acknowledged_rate_vs_producer_waiting_per_{batch}",
-            f"a Producer waiting for delivery every {batch} events",
-        ),
-        (
-            ANCHOR,
-            "acknowledged_rate_vs_bare_producer",
-            "a bare Producer: produce() returned (loses its buffer)",
-        ),
-    ):
-        out.append(
-            {
-                "figure": name,
-                "ours": ours["rate"],
-                "anchor": summaries[lane]["rate"],
-                "ratio": safe_ratio(ours["rate"], summaries[lane]["rate"]),
-                "unit": "events/s",
-                "higher_is_better": True,
-                "title": "Acknowledged events/s until the SIGKILL",
-                "anchor_is": anchor_is,
-                # Until a random kill: the spool's rate drops once its ring is full.
-                "tolerance": 0.6,
-                "anchor_lost_per_kill": summaries[lane]["lost"],
-            }
-        )
-    return out
+    lost = lost_figure(
+        "sigkill_acknowledged_events_lost_per_kill",
+        ours["lost"],
+        summaries[ANCHOR]["lost"],
+        title="Acknowledged events lost per SIGKILL (median)",
+        anchor_is="a bare Producer: produce() returned",
+    )
+    return [lost, *rates]
 
 
-# ---- one kill ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Killed:
-    """A child's acknowledged ids at its death, and its acknowledged rate before it."""
-
-    acknowledged: set[str]
-    kill_after_s: float
-    rate: float
-
-
-def run_and_kill(lane: str, bootstrap: str, topic: str, scratch: Path, delay_s: float) -> Killed:
-    """Start the lane's child, SIGKILL it `delay_s` after its first acknowledgement."""
-    ledger_path = scratch / f"{lane}.ids"
-    stderr_path = scratch / f"{lane}.stderr"
-    command = [CHILD_COMMAND, lane, os.fspath(ledger_path), bootstrap, topic]
-    with stderr_path.open("wb") as stderr:
-        child = subprocess.Popen(
-            [sys.executable, os.fspath(Path(__file__).resolve()), *command, str(scratch / "spool")],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
+def one_kill(
+    lane: str, repetition: int, bootstrap: str, scratch: Path, delay_s: float
+) -> KillLedger:
+    """Start the lane's child on a fresh topic, SIGKILL it `delay_s` after its first
+    acknowledgement (reopen and flush the spool lane's spool), write a marker after
+    everything the child will ever put in the topic, and read the topic up to it."""
+    topic = f"bench-kill-{lane}-{repetition}-{os.getpid()}"
+    create_topic(bootstrap, topic, 1)
+    directory = scratch / f"{lane}-{repetition}"
+    directory.mkdir()
+    ledger_path = directory / f"{lane}.ids"
+    args = [lane, os.fspath(ledger_path), bootstrap, topic, str(directory / "spool")]
+    stderr = directory / f"{lane}.stderr"
+    child = Child.of_script(f"{lane} child", __file__, args, stderr).start()
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not (first := committed_lines(ledger_path)):
-            if child.poll() is not None or time.monotonic() > deadline:
+            if not child.alive() or time.monotonic() > deadline:
                 break
             time.sleep(0.001)
         started = time.perf_counter()
@@ -372,72 +298,36 @@ def run_and_kill(lane: str, bootstrap: str, topic: str, scratch: Path, delay_s: 
         last = committed_lines(ledger_path)
         window = time.perf_counter() - started
     finally:
-        if child.poll() is None:
-            os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-    if child.returncode != -signal.SIGKILL or not first:
-        tail = stderr_path.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"{lane} child ended before its kill ({child.returncode}): {tail}")
-    acknowledged = LedgerReader(scratch, ledger_path.name)
+        child.kill()
+    if not first:
+        raise RuntimeError(f"{lane} child acknowledged nothing: {child.stderr_tail()}")
+    acknowledged = LedgerReader(directory, ledger_path.name)
     acknowledged.poll()
-    return Killed(acknowledged.ids(topic), window, (last - first) / window)
-
-
-def drain_spool(directory: Path, bootstrap: str) -> int:
-    """Reopen a killed child's spool, deliver what it holds; return how much that was."""
-    with Spool(directory, bootstrap) as spool:
-        backlog = spool.unacknowledged()
-        left = spool.flush(FLUSH_TIMEOUT_S)
-        if left:
-            raise RuntimeError(f"{left} spooled events not acknowledged in {FLUSH_TIMEOUT_S} s")
-    return backlog
-
-
-def write_marker(bootstrap: str, topic: str) -> str:
-    """Append one event after everything the child's lane will ever put in `topic`."""
-    marker = EventIdGenerator().next_id()
-    failures: list[object] = []
-
-    def on_delivery(error: Any, _message: Any) -> None:
-        if error is not None:
-            failures.append(error)
-
-    producer: Any = confluent_kafka.Producer(producer_config(bootstrap))
-    producer.produce(topic, b"marker", headers=[("event_id", marker)], on_delivery=on_delivery)
-    if producer.flush(60) or failures:
-        raise RuntimeError(f"marker for {topic} not delivered: {failures}")
-    return marker
-
-
-def one_kill(
-    lane: str, repetition: int, bootstrap: str, scratch: Path, delay_s: float
-) -> KillLedger:
-    topic = f"bench-kill-{lane}-{repetition}-{os.getpid()}"
-    create_topic(bootstrap, topic, 1)
-    directory = scratch / f"{lane}-{repetition}"
-    directory.mkdir()
-    killed = run_and_kill(lane, bootstrap, topic, directory, delay_s)
-    backlog = drain_spool(directory / "spool", bootstrap) if lane == OURS else None
+    backlog = None
+    if lane == OURS:
+        with Spool(directory / "spool", bootstrap) as spool:
+            backlog = spool.unacknowledged()
+            if left := spool.flush(FLUSH_TIMEOUT_S):
+                raise RuntimeError(f"{left} spooled events not acknowledged in {FLUSH_TIMEOUT_S} s")
     time.sleep(SETTLE_S)
-    marker = write_marker(bootstrap, topic)
+    producer = confluent_kafka.Producer(producer_config(bootstrap))
+    marker = deliver_one(producer, topic, b"marker", EventIdGenerator().next_id())
     seen = consume_topic(bootstrap, topic, marker, CONSUME_TIMEOUT_S)
-    return kill_ledger(
-        lane,
-        repetition,
-        acknowledged=killed.acknowledged,
-        seen=seen,
-        marker=marker,
-        kill_after_s=killed.kill_after_s,
-        rate=killed.rate,
+    return KillLedger(
+        **asdict(tally(acknowledged.ids(topic), seen, ignore={marker})),
+        lane=lane,
+        repetition=repetition,
+        kill_after_s=round(window, 3),
+        rate=round((last - first) / window, 1),
         backlog_at_reopen=backlog,
     )
 
 
-# ---- main -------------------------------------------------------------------------------
-
-
 def run(args: BenchArgs) -> dict[str, object]:
-    wait_lane = f"{WAIT_LANE_PREFIX}{args.namespace.wait_batch}"
+    wait_batch: int = args.namespace.wait_batch
+    if wait_batch < 2:
+        raise SystemExit("--wait-batch must be at least 2 (the lane waiting for each runs anyway)")
+    wait_lane = f"{WAIT_LANE_PREFIX}{wait_batch}"
     lanes = [OURS, ANCHOR, WAIT_EACH, wait_lane]
     seed_arg: int | None = args.namespace.seed
     seed = seed_arg if seed_arg is not None else int.from_bytes(os.urandom(4), "little")
@@ -474,8 +364,6 @@ def run(args: BenchArgs) -> dict[str, object]:
         "title": "Acknowledged events found in Kafka after a SIGKILL",
         "anchor_is": "a bare Producer: produce() returned",
         "random_anchor": True,
-        "description": "acknowledged events found in Kafka after a SIGKILL of the producing "
-        "process, median over kills",
         "higher_is_better": True,
         "figures": figures(summaries, wait_lane),
         "lanes": summaries,
@@ -485,47 +373,19 @@ def run(args: BenchArgs) -> dict[str, object]:
             "partitions": 1,
             "keys": None,
             "kill_delay_s": list(delay_range),
-            "spool": "default SpoolSettings/SenderSettings: durability process, 32 MiB "
-            "rings, reject when full (retried after 1 ms), lz4, linger 5 ms",
+            "spool": compared_settings()["spool"],
             "producer": producer_config("BOOTSTRAP"),
-            "wait_batches": [1, args.namespace.wait_batch],
-        },
-        "method": {
-            "acknowledged": "ids the child recorded in a shared mmap file after each "
-            "acknowledgement (send() returned / produce() returned / delivery report)",
-            "found": "the partition read up to a marker written after the kill (and after "
-            "the spool lane's reopen + flush), ids compared by event_id header",
-            "rate": "acknowledged events / seconds between the first acknowledgement and the kill",
-            "median_over": "kills; every lane of a repetition is killed after the same "
-            "delay, lanes rotate order",
+            "wait_batches": [1, wait_batch],
         },
         "seed": seed,
         **session.provenance(),
     }
 
 
-def print_summary(result: Mapping[str, Any]) -> None:
-    rows = [
-        [
-            lane,
-            s["acknowledged"],
-            s["lost"],
-            s["lost_max"],
-            s["delivered_fraction"],
-            s["duplicated"],
-            s["rate"],
-            s["backlog_at_reopen"],
-        ]
-        for lane, s in result["lanes"].items()
-    ]
-    print("", file=sys.stderr)
-    print_table(
-        ["lane (medians)", "acked", "lost", "lost max", "delivered", "dups", "acked/s", "backlog"],
-        rows,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    if (child_argv := child_arguments(argv)) is not None:
+        return child_main(child_argv)
+
     def extra(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--wait-batch",
@@ -534,20 +394,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             help="events per flush() in the batched wait-for-delivery lane "
             f"(default {DEFAULT_WAIT_BATCH}); a lane with 1 always runs",
         )
-        parser.add_argument("--seed", type=int, default=None, help="seed of the kill delays")
+        parser.add_argument("--seed", type=int, help="seed of the kill delays")
 
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == [CHILD_COMMAND]:
-        return child_main(arguments[1:])
-    args = parse_args(
-        "Acknowledged events lost to a SIGKILL: Spool.send() vs a bare Producer", arguments, extra
-    )
-    if args.namespace.wait_batch < 2:
-        raise SystemExit("--wait-batch must be at least 2 (the lane waiting for each runs anyway)")
-    result = run(args)
-    print_summary(result)
-    emit_result(result)
-    return 0
+    description = "Acknowledged events lost to a SIGKILL: Spool.send() vs a bare Producer"
+    return bench_main(description, run, argv, extra)
 
 
 if __name__ == "__main__":

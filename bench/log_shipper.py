@@ -5,105 +5,60 @@ Both ship the same events to the same embedded broker (tansu, in memory, this ma
 printable filler, so every record in Kafka is matched to its send by id. Keyless, to a
 fresh topic of 4 partitions per run. The same number of caller threads on both sides.
 
-* ours: ``eventspool agent`` as its own process, default settings (agent.toml names only
-  the spool directory, the socket and the bootstrap servers: durability ``process``,
-  32 MiB rings, lz4, idempotent, acks=all). The callers share one
-  `eventspool.client.sync.Client` (its pipelining of concurrent calls). In the
-  end-to-end runs they fire and go, as syslog callers do, with
-  ``send_async(topic, value)``: it returns once the event is queued for the agent, and
-  its future resolves once the agent has the event on disk (every future is checked).
-  In the SIGKILL runs they call ``send(topic, value)``, which returns only then.
-* the anchor: ``rsyslogd -n`` with its own config, pid file, work directory and socket
-  in the scratch directory. Each caller thread writes syslog datagrams as syslog(3) does:
-  a connected unix datagram socket, one blocking ``send`` per message of the form
-  ``<14>Nov 21 08:28:43 bench[PID]: VALUE``; the template hands omkafka the value alone.
-
-The anchor's configuration, as a user who cares about reliability writes it (the
-rsyslog documentation's pattern for reliable forwarding: a disk-assisted action queue
-that is saved on shutdown and retries forever)::
-
-    global(workDirectory="DIR/work")
-    module(load="imuxsock" SysSock.Use="off")
-    module(load="omkafka")
-    input(type="imuxsock" Socket="DIR/log.sock" RateLimit.Interval="0"
-          Ruleset="to_kafka")
-    template(name="bench_value" type="list") {
-      property(name="msg" position.from="2")
-    }
-    ruleset(name="to_kafka") {
-      action(type="omkafka" name="to_kafka" broker=["127.0.0.1:PORT"] topic="TOPIC"
-             template="bench_value" partitions.auto="on"
-             confParam=["compression.codec=lz4", "enable.idempotence=true"]
-             topicConfParam=["acks=all"]
-             resubmitOnFailure="on" keepFailedMessages="on"
-             failedMsgFile="DIR/work/omkafka-failed.data"
-             action.resumeRetryCount="-1"
-             queue.type="LinkedList" queue.filename="to_kafka"
-             queue.size="100000" queue.maxDiskSpace="1g" queue.saveOnShutdown="on")
-    }
-    action(type="omfile" file="DIR/rsyslogd.log")
-
-The system log socket is never touched (``SysSock.Use="off"``) and rate limiting is off,
-so imuxsock does not drop silently; rsyslogd's own messages go to a local file, not to
-Kafka. Every config is checked with ``rsyslogd -N1`` before it is used. A disk-assisted
-queue keeps messages in memory and spills to disk only above its high watermark (90%
-of queue.size) or on a clean shutdown; what it holds in memory, the main queue, the
-socket's receive buffer and librdkafka's queue die with a SIGKILL. That is what the
-kill figure measures, not a misconfiguration.
-
-One deviation from a stock Debian install: Debian 12's librdkafka 2.0.2 cannot read
-tansu 0.6.0's ApiVersion v3 answer (read underflow; no ``api.version.request`` setting
-avoids it), so rsyslogd runs with ``LD_LIBRARY_PATH`` pointing at the librdkafka that
-ships inside the confluent-kafka wheel (same ``.so.1`` ABI): both sides then use the same
-librdkafka. Against a real Kafka the stock library works.
+* ours: ``eventspool agent`` as its own process, default settings (durability
+  ``process``, 32 MiB rings, lz4, idempotent, acks=all); the callers share one
+  `eventspool.client.sync.Client`. In the end-to-end runs they fire and go, as syslog
+  callers do, with ``send_async(topic, value)``: it returns once the event is queued for
+  the agent, and its future resolves once the agent has it on disk (every future is
+  checked). In the SIGKILL runs they call ``send(topic, value)``, which returns only then.
+* the anchor: ``rsyslogd -n`` with its own config, pid file, work directory and socket.
+  Each caller thread writes syslog datagrams as syslog(3) does: a connected unix datagram
+  socket, one blocking ``send`` per message ``<14>Nov 21 08:28:43 bench[PID]: VALUE``; a
+  template hands omkafka the value alone. The config is what a user who cares about
+  reliability writes (the rsyslog documentation's pattern for reliable forwarding):
+  imuxsock on its own socket with rate limiting off (nothing dropped silently), omkafka
+  with lz4, idempotence and acks=all, and a disk-assisted LinkedList action queue
+  (queue.filename, size 100000, maxDiskSpace 1g, saveOnShutdown on) that retries forever
+  (resumeRetryCount -1, resubmitOnFailure, keepFailedMessages); `render_rsyslog_config`
+  writes it, ``rsyslogd -N1`` checks it. Such a queue spills to disk only above its high
+  watermark (90%) or on a clean shutdown: what it holds in memory, the socket's buffer
+  and librdkafka's queue die with a SIGKILL. That is what the kill figure measures.
+  Debian 12's librdkafka 2.0.2 cannot read tansu's ApiVersion v3 answer, so rsyslogd runs
+  on the librdkafka inside the confluent-kafka wheel (``LD_LIBRARY_PATH``, same ABI).
 
 Figures (medians over the repetitions; ours and the anchor alternate, the first one too):
 
 1. end-to-end rate: N events (8 threads x N/8 each, released together) from the first
-   send until a consumer polling every 20 ms has read all N ids from Kafka. The consumer
-   runs in a process of its own, polling before the first send; its fetches wait at most
-   20 ms at the broker too (librdkafka's default 500 ms, which tansu holds a fetch for
-   when nothing is there yet, added up to half a second to both sides alike). Before the
-   window each side ships 1,000 warm-up events and waits for them (connections open).
+   send until a consumer in a process of its own, polling every 20 ms (its fetches wait
+   as long at the broker), has read all N ids. Before the window each side ships 1,000
+   warm-up events and waits for them (connections open).
 2. caller latency: every send of those runs timed with ``perf_counter_ns``; p50, p99,
-   p99.9. A datagram ``send`` returns once the kernel buffered the datagram in the
-   socket's receive queue (rsyslogd has not even read it yet), our ``send_async`` once
-   the event is queued in the client. Ours also reports the acknowledgement latency:
-   from the call until its future resolved, the event in the agent's spool file
-   (survives the agent); syslog callers never learn that much.
-3. SIGKILL loss: 8 threads stream events at 2,000 events/s in total (well below both
-   sides' capacity, so nothing is overloaded). Once the first events are readable in
-   Kafka (steady state: a kill during start-up measures connecting, not the design), the
-   agent process (eventspool agent / rsyslogd) gets SIGKILL at random moments and is
-   restarted at once on the same spool / queue directory and socket; the callers carry
-   on (ours: the Client reconnects; syslog: the thread reconnects its socket on the next
-   message). A send counts as acknowledged only if it returned without error; a failed
-   send is counted and the thread moves on to a new event after 10 ms. After the last
-   restart the callers stop, the shipper drains (ours: until its STATS show nothing
-   unacknowledged; rsyslog has no such call: until no record arrived for a few seconds),
-   and the acknowledged ids are compared with the ids in Kafka: delivered, lost,
-   duplicates. The figure is the delivered fraction pooled over every kill of every run
-   (a median of a few runs would hide the one kill that lands while a restarted shipper
-   is still connecting); the median of runs is reported too. Each lost event is charged
-   to the first kill after its acknowledgement, with the age of the oldest one at the
-   kill: how much acknowledged traffic one kill takes. A glibc syslog(3) caller could not even
-   count its failed sends (syslog(3) returns nothing); the raw ``send`` result is used
-   here, which is kinder to the anchor.
+   p99.9. A datagram ``send`` returns once the kernel queued it on rsyslogd's socket, our
+   ``send_async`` once the event is queued in the client; ours also reports the
+   acknowledgement latency: until its future resolved, the event in the agent's spool.
+3. SIGKILL loss: 8 threads stream events at 2,000 events/s in total (below both sides'
+   capacity). Once the first events are readable in Kafka, the shipper process gets
+   SIGKILL at random moments and is restarted at once on the same spool / queue
+   directory and socket; the callers carry on (reconnecting). A send counts as
+   acknowledged only if it returned without error; a failed one is counted and the
+   thread moves on after 10 ms. Then the callers stop, the shipper drains (ours: until
+   its STATS show nothing unacknowledged; rsyslog: until no record arrived for a few
+   seconds), and acknowledged ids are compared with the ids in Kafka. The figure is the
+   delivered fraction pooled over every kill of every run (a median of a few runs would
+   hide the one kill that lands while a restarted shipper is still connecting). Each
+   lost event is charged to the first kill after its acknowledgement. syslog(3) returns
+   nothing; the raw ``send`` result used here is kinder to the anchor.
 
-Also reported: the rate at which the callers got their sends back (the caller's view),
-and CPU per event of the shipper process and of the broker over the e2e window.
-
-The LAST line on stdout is one JSON object; progress and a table go to stderr.
+Also reported: the callers' own send rate, and CPU per event of the shipper process and
+of the broker over the e2e window.
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
 import contextlib
 import ctypes
 import glob
-import json
 import multiprocessing
 import os
 import queue
@@ -118,28 +73,30 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from multiprocessing.synchronize import Event as ProcessEvent
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import confluent_kafka
 
 from eventspool.broker import LocalBroker, create_topic
 from eventspool.client.sync import Client
-from eventspool.config import SpoolSettings
 from eventspool.errors import EventspoolError
 from eventspool.testing.agent import AgentProcess
-from eventspool.verify import consume_event_ids, ledger
+from eventspool.verify import consume_event_ids
+from harness import ledger
+from harness.agent import start_agent
 from harness.cli import BenchArgs, bench_main
 from harness.cpu import process_cpu_s
 from harness.figures import figure
-from harness.ledger import delivered_fraction, lost_figure
 from harness.output import progress, provenance
-from harness.runs import Runs, alternate, latency_summary_us, median
+from harness.runs import Runs, alternate, latency_summary_us
 from harness.session import TANSU, Session
+from harness.threads import run_together
 
 FIGURE = "agent_e2e_rate_vs_rsyslog"
 TOPIC_PREFIX = "bench-logship"
@@ -158,9 +115,10 @@ RETRY_PAUSE_S = 0.01
 PROGRESS_EVENTS = 200  # acknowledged after a restart before the next kill is armed
 PROGRESS_TIMEOUT_S = 30.0
 OMKAFKA_GLOBS = ("/usr/lib/rsyslog/omkafka.so", "/usr/lib/*/rsyslog/omkafka.so")
-RSYSLOG_PACKAGES = ("rsyslog", "rsyslog-kafka")
-
+RSYSLOG = "rsyslog + omkafka, disk-assisted queue"
 SIDES = ("ours", "anchor")
+LATENCY_STATS = {"p50_us": "p50", "p99_us": "p99", "p999_us": "p99.9"}
+KILL_COUNTS = ("kills", "acknowledged", "delivered", "lost", "duplicates", "failed_sends")
 
 Caller = Callable[[bytes], object]
 
@@ -178,20 +136,10 @@ class Profile:
 
 
 QUICK = Profile(
-    events=40_000,
-    kill_runs=1,
-    kills_per_run=3,
-    kill_delay_s=(0.2, 1.0),
-    stream_rate=2_000,
-    idle_s=2.0,
+    40_000, kill_runs=1, kills_per_run=3, kill_delay_s=(0.2, 1.0), stream_rate=2_000, idle_s=2.0
 )
 FULL = Profile(
-    events=200_000,
-    kill_runs=3,
-    kills_per_run=5,
-    kill_delay_s=(0.2, 2.0),
-    stream_rate=2_000,
-    idle_s=4.0,
+    200_000, kill_runs=3, kills_per_run=5, kill_delay_s=(0.2, 2.0), stream_rate=2_000, idle_s=4.0
 )
 
 
@@ -215,9 +163,7 @@ def make_payload(tag: str, caller: int, seq: int) -> bytes:
 
 def payload_id(value: bytes | None) -> str | None:
     """The event id at the start of a value made by `make_payload`, else None."""
-    if value is None:
-        return None
-    match = _ID.match(value)
+    match = None if value is None else _ID.match(value)
     return match.group(1).decode() if match else None
 
 
@@ -256,22 +202,19 @@ class SyslogSocket:
         if int(now) != self._second:
             self._second = int(now)
             self._header = syslog_header(now, self._pid)
-        sock = self._sock if self._sock is not None else self._connect()
+        if self._sock is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                sock.connect(self._path)
+            except OSError:
+                sock.close()
+                raise
+            self._sock = sock
         try:
-            sock.send(self._header + payload)
+            self._sock.send(self._header + payload)
         except OSError:
             self.close()
             raise
-
-    def _connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        self._sock = sock
-        return sock
 
     def close(self) -> None:
         if self._sock is not None:
@@ -282,51 +225,20 @@ class SyslogSocket:
 # ---- rsyslog ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class RsyslogPaths:
-    """Where one rsyslogd instance keeps everything; all inside its own directory."""
-
-    directory: Path
-
-    @property
-    def work(self) -> Path:
-        return self.directory / "work"
-
-    @property
-    def socket(self) -> Path:
-        return self.directory / "log.sock"
-
-    @property
-    def config(self) -> Path:
-        return self.directory / "rsyslog.conf"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.directory / "rsyslogd.pid"
-
-    @property
-    def internal_log(self) -> Path:
-        return self.directory / "rsyslogd.log"
-
-    @property
-    def output(self) -> Path:
-        return self.directory / "rsyslogd.out"
-
-
-def _quoted(value: str) -> str:
+def _quoted(value: str | Path) -> str:
     """A RainerScript string constant (backslash and double quote escaped)."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + os.fspath(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def render_rsyslog_config(paths: RsyslogPaths, bootstrap: str, topic: str) -> str:
-    """The anchor's rsyslog.conf (the module docstring shows and explains it)."""
+def render_rsyslog_config(directory: Path, bootstrap: str, topic: str) -> str:
+    """The anchor's rsyslog.conf, every path in `directory` (the module docstring explains
+    its choices)."""
     brokers = ", ".join(_quoted(server) for server in bootstrap.split(","))
-    work = os.fspath(paths.work)
     return f"""\
-global(workDirectory={_quoted(work)})
+global(workDirectory={_quoted(directory / "work")})
 module(load="imuxsock" SysSock.Use="off")
 module(load="omkafka")
-input(type="imuxsock" Socket={_quoted(os.fspath(paths.socket))} RateLimit.Interval="0"
+input(type="imuxsock" Socket={_quoted(directory / "log.sock")} RateLimit.Interval="0"
       Ruleset="to_kafka")
 template(name="bench_value" type="list") {{
   property(name="msg" position.from="2")
@@ -337,12 +249,12 @@ ruleset(name="to_kafka") {{
          confParam=["compression.codec=lz4", "enable.idempotence=true"]
          topicConfParam=["acks=all"]
          resubmitOnFailure="on" keepFailedMessages="on"
-         failedMsgFile={_quoted(os.path.join(work, "omkafka-failed.data"))}
+         failedMsgFile={_quoted(directory / "work" / "omkafka-failed.data")}
          action.resumeRetryCount="-1"
          queue.type="LinkedList" queue.filename="to_kafka"
          queue.size="100000" queue.maxDiskSpace="1g" queue.saveOnShutdown="on")
 }}
-action(type="omfile" file={_quoted(os.fspath(paths.internal_log))})
+action(type="omfile" file={_quoted(directory / "rsyslogd.log")})
 """
 
 
@@ -361,29 +273,12 @@ def omkafka_installed() -> bool:
 
 
 def ensure_rsyslog() -> str:
-    """The rsyslogd executable; rsyslog and rsyslog-kafka are installed with apt-get when
-    either is missing and we run as root, otherwise the run stops with what to do."""
-    rsyslogd = find_rsyslogd()
-    if rsyslogd is not None and omkafka_installed():
-        return rsyslogd
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+    """The rsyslogd executable; without it or omkafka the run stops and says what to do."""
+    if (rsyslogd := find_rsyslogd()) is None or not omkafka_installed():
         raise SystemExit(
-            "this benchmark needs rsyslogd with omkafka: install the Debian packages "
-            f"{' and '.join(RSYSLOG_PACKAGES)} (apt-get install {' '.join(RSYSLOG_PACKAGES)}), "
-            "or run it as root on Debian to have them installed"
+            "this benchmark needs rsyslogd with omkafka: `make rsyslog` installs the Debian "
+            "packages rsyslog and rsyslog-kafka"
         )
-    progress(f"installing {' '.join(RSYSLOG_PACKAGES)} with apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=sys.stderr)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *RSYSLOG_PACKAGES],
-        check=True,
-        env=env,
-        stdout=sys.stderr,
-    )
-    rsyslogd = find_rsyslogd()
-    if rsyslogd is None or not omkafka_installed():
-        raise SystemExit("apt-get installed the packages, but rsyslogd or omkafka.so is missing")
     return rsyslogd
 
 
@@ -411,29 +306,26 @@ def librdkafka_version(library: str) -> str | None:
 
 
 class Rsyslogd:
-    """``rsyslogd -n`` on its own config, pid file, work directory and socket.
+    """``rsyslogd -n`` on its own config, pid file, work directory and socket, all in
+    `directory`.
 
-    Started by the constructor; `kill` and `start` restart it on the same work directory
-    (its queue files) and socket, as a supervisor would after a crash.
+    Started by the constructor; `kill` and `start_answering` restart it on the same work
+    directory (its queue files) and socket, as a supervisor would after a crash.
     """
 
     def __init__(
-        self,
-        executable: str,
-        directory: Path,
-        bootstrap: str,
-        topic: str,
-        library_dir: Path | None,
+        self, executable: str, directory: Path, bootstrap: str, topic: str, library_dir: Path | None
     ) -> None:
-        self.executable = executable
-        self.paths = RsyslogPaths(directory)
-        self.paths.work.mkdir(parents=True, exist_ok=True)
-        self.paths.config.write_text(render_rsyslog_config(self.paths, bootstrap, topic))
+        self.socket_path = directory / "log.sock"
+        self.logs = (directory / "rsyslogd.out", directory / "rsyslogd.log")
+        (directory / "work").mkdir(parents=True, exist_ok=True)
+        config = directory / "rsyslog.conf"
+        config.write_text(render_rsyslog_config(directory, bootstrap, topic))
         self.env = dict(os.environ)
         if library_dir is not None:
             self.env["LD_LIBRARY_PATH"] = os.fspath(library_dir)
         check = subprocess.run(
-            [executable, "-N1", "-f", os.fspath(self.paths.config)],
+            [executable, "-N1", "-f", config],
             capture_output=True,
             text=True,
             env=self.env,
@@ -441,65 +333,49 @@ class Rsyslogd:
         )
         if check.returncode != 0:
             raise RuntimeError(f"rsyslogd -N1 rejected the config:\n{check.stderr}")
-        self.process = self._spawn()
-        self._wait_ready()
+        pid_file = directory / "rsyslogd.pid"
+        self.command = [executable, "-n", "-f", os.fspath(config), "-i", os.fspath(pid_file)]
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start_answering()
 
     @property
-    def socket_path(self) -> Path:
-        return self.paths.socket
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        with self.paths.output.open("ab") as output:
-            return subprocess.Popen(
-                [
-                    self.executable,
-                    "-n",
-                    "-f",
-                    os.fspath(self.paths.config),
-                    "-i",
-                    os.fspath(self.paths.pid_file),
-                ],
+    def start_answering(self) -> None:
+        """Start it (again, after `kill`) and wait until its socket takes a connection: a
+        killed rsyslogd leaves its socket file."""
+        if self.process is not None and self.process.poll() is None:
+            raise RuntimeError("rsyslogd is still running")
+        with self.logs[0].open("ab") as output:
+            self.process = subprocess.Popen(
+                self.command,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 env=self.env,
             )
-
-    def _wait_ready(self) -> None:
-        """Until the socket takes a connection: a killed rsyslogd leaves its socket file."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"rsyslogd did not start:\n{self.log_tail()}")
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            try:
-                probe.connect(os.fspath(self.paths.socket))
-                return
-            except OSError:
-                time.sleep(0.01)
-            finally:
-                probe.close()
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def start_answering(self) -> None:
-        """Start it again after `kill`, and wait until its socket takes a connection."""
-        if self.process.poll() is None:
-            raise RuntimeError("rsyslogd is still running")
-        self.process = self._spawn()
-        self._wait_ready()
+        while self.process.poll() is None and time.monotonic() < deadline:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
+                try:
+                    probe.connect(os.fspath(self.socket_path))
+                    return
+                except OSError:
+                    time.sleep(0.01)
+        self.stop()
+        raise RuntimeError(f"rsyslogd did not start:\n{self.log_tail()}")
 
     def kill(self) -> None:
+        assert self.process is not None
         if self.process.poll() is not None:
             raise RuntimeError(f"rsyslogd died by itself:\n{self.log_tail()}")
         self.process.kill()
         self.process.wait()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(60)
@@ -508,61 +384,12 @@ class Rsyslogd:
                 self.process.wait()
 
     def log_tail(self) -> str:
-        texts = [
-            path.read_text(errors="replace")[-2000:]
-            for path in (self.paths.output, self.paths.internal_log)
-            if path.exists()
-        ]
-        return "\n".join(texts)
+        return "\n".join(p.read_text(errors="replace")[-2000:] for p in self.logs if p.exists())
 
 
 # ---- the two sides ----------------------------------------------------------------------
 
-
-class Shipper(Protocol):
-    """What the runs need of either agent process (`AgentProcess` or `Rsyslogd`)."""
-
-    @property
-    def process(self) -> subprocess.Popen[bytes] | None: ...
-
-    @property
-    def pid(self) -> int: ...
-
-    @property
-    def socket_path(self) -> Path: ...
-
-    def start_answering(self) -> object:
-        """Start it (again, after `kill`) and return once it takes requests."""
-
-    def kill(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def log_tail(self) -> str: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Side:
-    """One contender: how to launch its process, open callers, and see it drained."""
-
-    name: str  # "ours" or "anchor"
-    launch: Callable[[Path, str, str], Shipper]  # (directory, bootstrap, topic)
-    open_callers: Callable[[Shipper, str, int], contextlib.AbstractContextManager[list[Caller]]]
-    # The callers of the end-to-end runs: ours fire and go with `send_async()`.
-    open_e2e_callers: Callable[[Shipper, str, int], contextlib.AbstractContextManager[list[Caller]]]
-    failures: tuple[type[BaseException], ...]  # what a send raises when the shipper is down
-    wait_drained: Callable[[Shipper], None] | None  # None: drained = no new record for a while
-
-
-@contextlib.contextmanager
-def agent_callers(shipper: Shipper, topic: str, threads: int) -> Iterator[list[Caller]]:
-    """One `Client` with default settings, shared by every caller thread."""
-    with Client(shipper.socket_path) as client:
-
-        def send(value: bytes) -> object:
-            return client.send(topic, value)
-
-        yield [send] * threads
+Shipper = AgentProcess | Rsyslogd
 
 
 class AsyncSend:
@@ -613,23 +440,15 @@ class AsyncSend:
         return acks, failed
 
 
-@contextlib.contextmanager
-def agent_async_callers(shipper: Shipper, topic: str, threads: int) -> Iterator[list[Caller]]:
-    """One `Client` shared by every caller thread, each sending with `send_async()`."""
-    with Client(shipper.socket_path) as client:
-        yield [AsyncSend(client, topic) for _ in range(threads)]
-
-
 def settle_async(callers: Sequence[Caller]) -> list[int] | None:
     """Wait for the acknowledgements of async callers: their latencies in ns (None: not async).
 
     A failed acknowledgement is an error here, as a failed send is.
     """
-    if not all(isinstance(caller, AsyncSend) for caller in callers):
-        return None
     latencies: list[int] = []
     for caller in callers:
-        assert isinstance(caller, AsyncSend)
+        if not isinstance(caller, AsyncSend):
+            return None
         acks, failed = caller.wait()
         if failed:
             raise RuntimeError(f"{failed} async sends failed")
@@ -638,9 +457,21 @@ def settle_async(callers: Sequence[Caller]) -> list[int] | None:
 
 
 @contextlib.contextmanager
-def syslog_callers(shipper: Shipper, _topic: str, threads: int) -> Iterator[list[Caller]]:
-    """A socket per caller thread, as each process calling syslog(3) has one."""
-    sockets = [SyslogSocket(shipper.socket_path) for _ in range(threads)]
+def agent_callers(shipper: Shipper, topic: str, fire_and_go: bool) -> Iterator[list[Caller]]:
+    """One `Client` with default settings, shared by every caller thread; with
+    `fire_and_go`, each thread sends with `send_async()`."""
+    with Client(shipper.socket_path) as client:
+        if fire_and_go:
+            yield [AsyncSend(client, topic) for _ in range(CALLER_THREADS)]
+        else:
+            yield [partial(client.send, topic)] * CALLER_THREADS
+
+
+@contextlib.contextmanager
+def syslog_callers(shipper: Shipper, _topic: str, _fire_and_go: bool) -> Iterator[list[Caller]]:
+    """A socket per caller thread, as each process calling syslog(3) has one; a datagram
+    send always fires and goes."""
+    sockets = [SyslogSocket(shipper.socket_path) for _ in range(CALLER_THREADS)]
     try:
         yield [sock.send for sock in sockets]
     finally:
@@ -648,89 +479,63 @@ def syslog_callers(shipper: Shipper, _topic: str, threads: int) -> Iterator[list
             sock.close()
 
 
-def wait_agent_drained(shipper: Shipper) -> None:
-    assert isinstance(shipper, AgentProcess)
-    shipper.wait_until_drained(DELIVERY_TIMEOUT_S)
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One contender: how to launch its process and open its callers."""
+
+    name: str  # "ours" or "anchor"
+    launch: Callable[[Path, str, str], Shipper]  # (directory, bootstrap, topic)
+    # (shipper, topic, fire_and_go): ours fire and go in the end-to-end runs
+    open_callers: Callable[[Shipper, str, bool], contextlib.AbstractContextManager[list[Caller]]]
+    failures: tuple[type[BaseException], ...]  # what a send raises when the shipper is down
 
 
 def make_sides(rsyslogd: str, library_dir: Path | None) -> dict[str, Side]:
     def launch_agent(directory: Path, bootstrap: str, _topic: str) -> Shipper:
-        """`eventspool agent` on its defaults (the spool's own max_event_bytes too)."""
-        directory.mkdir(parents=True, exist_ok=True)
-        agent = AgentProcess(
-            directory,
-            bootstrap,
-            spool_dir=directory / "agent-spool",
-            max_event_bytes=SpoolSettings().max_event_bytes,
-        )
-        agent.start_answering(START_TIMEOUT_S)
-        return agent
+        return start_agent(directory, bootstrap)
 
-    def launch_rsyslog(directory: Path, bootstrap: str, topic: str) -> Shipper:
-        return Rsyslogd(rsyslogd, directory, bootstrap, topic, library_dir)
-
+    launch_rsyslog = partial(Rsyslogd, rsyslogd, library_dir=library_dir)
     return {
-        "ours": Side(
-            "ours",
-            launch_agent,
-            agent_callers,
-            agent_async_callers,
-            (EventspoolError,),
-            wait_agent_drained,
-        ),
-        "anchor": Side("anchor", launch_rsyslog, syslog_callers, syslog_callers, (OSError,), None),
+        "ours": Side("ours", launch_agent, agent_callers, (EventspoolError,)),
+        "anchor": Side("anchor", launch_rsyslog, syslog_callers, (OSError,)),
     }
 
 
 # ---- figure 1 and 2: end-to-end rate and caller latency ---------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class E2EResult:
-    rate: float  # events/s, first send until all are readable in Kafka
-    send_rate: float  # events/s, first send until the last send returned
-    latency_us: dict[str, float]
-    ack_latency_us: dict[str, float] | None  # ours: until the agent had it on disk
-    shipper_cpu_us_per_event: float
-    broker_cpu_us_per_event: float
-
-
-class Watcher:
-    """Reads the topic until every expected id is there, and notes when that was.
+def start_reader(
+    bootstrap: str, topic: str, expected: set[str]
+) -> Callable[[float], tuple[Counter[str], int]]:
+    """Start reading the topic until every expected id is there; returns once the reader
+    polled the topic once, with a call that waits for (every id's count, monotonic ns
+    when the last one arrived), nothing seen if the reader gave no answer in time.
 
     In a process of its own, started and polling before the window opens: a reader in
     the callers' process would take their interpreter lock for every record it reads,
     and the reader of Kafka is no part of the application whose calls are measured. Its
     time is CLOCK_MONOTONIC, which every process shares.
     """
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    results: multiprocessing.Queue[tuple[Counter[str], int]] = context.Queue()
+    args = (bootstrap, topic, expected, ready, results)
+    reader = context.Process(target=_watch, args=args, name="bench-kafka-reader", daemon=True)
+    reader.start()
+    if not ready.wait(START_TIMEOUT_S):
+        reader.kill()
+        raise RuntimeError(f"the Kafka reader did not start within {START_TIMEOUT_S} s")
 
-    def __init__(self, bootstrap: str, topic: str, expected: set[str]) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._ready = context.Event()
-        self._results: multiprocessing.Queue[tuple[Counter[str], int]] = context.Queue()
-        self._process = context.Process(
-            target=_watch,
-            args=(bootstrap, topic, expected, self._ready, self._results),
-            name="bench-kafka-reader",
-            daemon=True,
-        )
-        self.seen: Counter[str] = Counter()
-        self.done_ns = 0
-
-    def start(self) -> None:
-        """Start the reader; return once its consumer has polled the topic once."""
-        self._process.start()
-        if not self._ready.wait(START_TIMEOUT_S):
-            self._process.kill()
-            raise RuntimeError(f"the Kafka reader did not start within {START_TIMEOUT_S} s")
-
-    def join(self, timeout: float) -> None:
-        """Wait for what the reader saw; nothing seen when it gave no answer in time."""
+    def join(timeout: float) -> tuple[Counter[str], int]:
         try:
-            self.seen, self.done_ns = self._results.get(timeout=timeout)
+            return results.get(timeout=timeout)
         except queue.Empty:
-            self._process.kill()
-        self._process.join(timeout=START_TIMEOUT_S)
+            reader.kill()
+            return Counter(), 0
+        finally:
+            reader.join(timeout=START_TIMEOUT_S)
+
+    return join
 
 
 def _watch(
@@ -760,156 +565,87 @@ def send_all(
 
     Times are monotonic ns; latencies are per send, in ns. A failed send is an error here.
     """
-    barrier = threading.Barrier(len(callers) + 1)
-    latencies: list[list[int]] = [[] for _ in callers]
-    ends = [0] * len(callers)
-    errors: list[BaseException] = []
 
-    def worker(slot: int) -> None:
-        send = callers[slot]
+    def send_batch(send: Caller, batch: Sequence[bytes]) -> list[int]:
         clock = time.perf_counter_ns
-        samples = latencies[slot]
-        barrier.wait()
-        try:
-            for value in batches[slot]:
-                t0 = clock()
-                send(value)
-                samples.append(clock() - t0)
-        except BaseException as exc:
-            errors.append(exc)
-        ends[slot] = time.monotonic_ns()
+        samples = []
+        for value in batch:
+            t0 = clock()
+            send(value)
+            samples.append(clock() - t0)
+        return samples
 
-    threads = [threading.Thread(target=worker, args=(slot,)) for slot in range(len(callers))]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    start = time.monotonic_ns()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise RuntimeError(f"{len(errors)} caller threads failed, first: {errors[0]!r}")
-    return start, max(ends), [ns for samples in latencies for ns in samples]
+    ran = run_together([partial(send_batch, *pair) for pair in zip(callers, batches, strict=True)])
+    return ran.start_ns, ran.end_ns, [ns for samples in ran.results for ns in samples]
 
 
-def batches_for(tag: str, events: int, threads: int) -> list[list[bytes]]:
-    """`events` payloads split evenly over `threads` callers (the remainder is dropped)."""
-    per_thread = events // threads
-    return [[make_payload(tag, slot, seq) for seq in range(per_thread)] for slot in range(threads)]
+def batches_for(tag: str, events: int) -> tuple[list[list[bytes]], set[str]]:
+    """`events` payloads split evenly over the callers (the remainder is dropped), and
+    their ids."""
+    seqs = range(events // CALLER_THREADS)
+    batches = [[make_payload(tag, slot, seq) for seq in seqs] for slot in range(CALLER_THREADS)]
+    return batches, {event_id(tag, slot, seq) for slot in range(CALLER_THREADS) for seq in seqs}
 
 
-def batch_ids(tag: str, batches: Sequence[Sequence[bytes]]) -> set[str]:
-    return {
-        event_id(tag, slot, seq) for slot, batch in enumerate(batches) for seq in range(len(batch))
-    }
-
-
-def e2e_run(side: Side, broker: LocalBroker, directory: Path, topic: str, events: int) -> E2EResult:
-    """One timed run on a fresh shipper process and a fresh topic."""
-    bootstrap = broker.bootstrap_servers
+@contextlib.contextmanager
+def launched(side: Side, bootstrap: str, directory: Path, topic: str) -> Iterator[Shipper]:
+    """The side's shipper for a fresh topic, stopped at the end; its log shown on a failure."""
     create_topic(bootstrap, topic, PARTITIONS)
     shipper = side.launch(directory, bootstrap, topic)
     try:
-        with side.open_e2e_callers(shipper, topic, CALLER_THREADS) as callers:
-            warm_tag, timed_tag = f"w{directory.name}", f"t{directory.name}"
-            warm = batches_for(warm_tag, WARMUP_EVENTS, CALLER_THREADS)
-            send_all(callers, warm)
-            settle_async(callers)
-            warm_ids = batch_ids(warm_tag, warm)
-            seen = consume_event_ids(
-                bootstrap, [topic], warm_ids, timeout=DELIVERY_TIMEOUT_S, id_of=record_id
-            )
-            if not warm_ids <= seen.keys():
-                raise RuntimeError(f"{side.name}: warm-up events did not all arrive")
-            timed = batches_for(timed_tag, events, CALLER_THREADS)
-            expected = batch_ids(timed_tag, timed)
-            watcher = Watcher(bootstrap, topic, expected)
-            shipper_cpu, broker_cpu = process_cpu_s(shipper.pid), process_cpu_s(broker.pid)
-            watcher.start()
-            start, sent, latencies = send_all(callers, timed)
-            acks = settle_async(callers)
-            watcher.join(DELIVERY_TIMEOUT_S + 30)
-            shipper_cpu = process_cpu_s(shipper.pid) - shipper_cpu
-            broker_cpu = process_cpu_s(broker.pid) - broker_cpu
-            arrived = len(expected & watcher.seen.keys())
-            if arrived != len(expected):
-                raise RuntimeError(
-                    f"{side.name}: only {arrived} of {len(expected)} events reached Kafka "
-                    f"within {DELIVERY_TIMEOUT_S} s"
-                )
+        yield shipper
     except BaseException:
         progress(f"{side.name} log:\n{shipper.log_tail()}")
         raise
     finally:
         shipper.stop()
+
+
+def e2e_run(
+    side: Side, broker: LocalBroker, directory: Path, topic: str, events: int
+) -> dict[str, float]:
+    """One timed run on a fresh shipper process and a fresh topic: its values by name."""
+    bootstrap = broker.bootstrap_servers
+    with (
+        launched(side, bootstrap, directory, topic) as shipper,
+        side.open_callers(shipper, topic, True) as callers,
+    ):
+        warm, warm_ids = batches_for(f"w{directory.name}", WARMUP_EVENTS)
+        send_all(callers, warm)
+        settle_async(callers)
+        seen = consume_event_ids(
+            bootstrap, [topic], warm_ids, timeout=DELIVERY_TIMEOUT_S, id_of=record_id
+        )
+        if not warm_ids <= seen.keys():
+            raise RuntimeError(f"{side.name}: warm-up events did not all arrive")
+        timed, expected = batches_for(f"t{directory.name}", events)
+        shipper_cpu, broker_cpu = process_cpu_s(shipper.pid), process_cpu_s(broker.pid)
+        read = start_reader(bootstrap, topic, expected)
+        start, sent, latencies = send_all(callers, timed)
+        acks = settle_async(callers)
+        seen, done_ns = read(DELIVERY_TIMEOUT_S + 30)
+        shipper_cpu = process_cpu_s(shipper.pid) - shipper_cpu
+        broker_cpu = process_cpu_s(broker.pid) - broker_cpu
+        if (arrived := len(expected & seen.keys())) != len(expected):
+            raise RuntimeError(
+                f"{side.name}: only {arrived} of {len(expected)} events reached Kafka "
+                f"within {DELIVERY_TIMEOUT_S} s"
+            )
     count = len(expected)
-    return E2EResult(
-        rate=count / ((watcher.done_ns - start) / 1e9),
-        send_rate=count / ((sent - start) / 1e9),
-        latency_us=latency_summary_us(latencies),
-        ack_latency_us=None if acks is None else latency_summary_us(acks),
-        shipper_cpu_us_per_event=shipper_cpu * 1e6 / count,
-        broker_cpu_us_per_event=broker_cpu * 1e6 / count,
-    )
+    latency = latency_summary_us(latencies)
+    # ours also until its future resolved: the event on disk in the agent
+    ack_latency = {} if acks is None else latency_summary_us(acks)
+    return {
+        "rate": count / ((done_ns - start) / 1e9),  # until all readable in Kafka
+        "send_rate": count / ((sent - start) / 1e9),  # until the last send returned
+        **{f"latency_{stat}": latency[stat] for stat in (*LATENCY_STATS, "max_us")},
+        **{f"ack_latency_{stat}": ack_latency[stat] for stat in LATENCY_STATS if ack_latency},
+        "cpu_us_per_event": shipper_cpu * 1e6 / count,
+        "broker_cpu_us_per_event": broker_cpu * 1e6 / count,
+    }
 
 
 # ---- figure 3: SIGKILL loss --------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class KillLoss:
-    """The acknowledged events one kill took: how many, and how long before the kill the
-    oldest of them had been acknowledged to its caller."""
-
-    lost: int
-    window_ms: float
-
-
-def losses_by_kill(
-    lost_acked_at: Iterable[float], kill_times: Sequence[float]
-) -> tuple[list[KillLoss], int]:
-    """Each lost event is charged to the first kill after its acknowledgement.
-
-    Returns one entry per kill, and the count acknowledged after the last kill (no kill
-    explains those: the shipper lost them by itself, or the drain gave up too early).
-    """
-    lost: list[int] = [0] * len(kill_times)
-    oldest: list[float] = [0.0] * len(kill_times)
-    after_last = 0
-    for acked_at in lost_acked_at:
-        index = bisect.bisect_left(kill_times, acked_at)
-        if index == len(kill_times):
-            after_last += 1
-            continue
-        lost[index] += 1
-        oldest[index] = max(oldest[index], kill_times[index] - acked_at)
-    return [
-        KillLoss(count, round(age * 1000, 1)) for count, age in zip(lost, oldest, strict=True)
-    ], after_last
-
-
-@dataclass(slots=True)
-class KillLedger:
-    """One kill run of one side: what the callers were told and what Kafka holds."""
-
-    side: str
-    kills: int
-    acknowledged: int = 0
-    delivered: int = 0
-    lost: int = 0
-    duplicates: int = 0
-    delivered_unacknowledged: int = 0  # a send failed by a kill whose event got through
-    failed_sends: int = 0
-    offered_rate: int = 0
-    acknowledged_rate: float = 0.0
-    restart_s_max: float = 0.0
-    drain_s: float = 0.0
-    lost_per_kill: list[KillLoss] = field(default_factory=list)
-    lost_after_last_kill: int = 0
-    lost_examples: list[str] = field(default_factory=list)
-
-    @property
-    def delivered_fraction(self) -> float:
-        return delivered_fraction(self.delivered, self.acknowledged)
 
 
 class Stream:
@@ -923,15 +659,15 @@ class Stream:
         failures: tuple[type[BaseException], ...],
     ) -> None:
         self.tag = tag
-        self.acked: list[list[int]] = [[] for _ in callers]
-        self.acked_at: list[list[float]] = [[] for _ in callers]
+        # Per caller: (seq, when its caller was told) of each acknowledged send.
+        self.acked: list[list[tuple[int, float]]] = [[] for _ in callers]
         self.failed = [0] * len(callers)
         self._interval = len(callers) / rate
         self._failures = failures
         self._stop = threading.Event()
         self._threads = [
-            threading.Thread(target=self._run, args=(slot, callers[slot]), daemon=True)
-            for slot in range(len(callers))
+            threading.Thread(target=self._run, args=(slot, send), daemon=True)
+            for slot, send in enumerate(callers)
         ]
         self.started = time.monotonic()
         self.stopped = self.started
@@ -940,7 +676,6 @@ class Stream:
 
     def _run(self, slot: int, send: Caller) -> None:
         acked = self.acked[slot]
-        acked_at = self.acked_at[slot]
         seq = 0
         next_at = time.monotonic() + random.random() * self._interval
         while not self._stop.is_set():
@@ -956,8 +691,7 @@ class Stream:
                 time.sleep(RETRY_PAUSE_S)
                 next_at = time.monotonic()
                 continue
-            acked.append(seq - 1)
-            acked_at.append(time.monotonic())
+            acked.append((seq - 1, time.monotonic()))
             # A caller that fell behind (blocked, or the shipper was down) does not burst.
             next_at = max(next_at + self._interval, time.monotonic() - self._interval)
 
@@ -981,36 +715,32 @@ class Stream:
             thread.join(60)
         self.stopped = time.monotonic()
 
-    def acknowledged_at(self, events: Collection[str]) -> Iterator[float]:
+    def acknowledged_at(self, events: Collection[str]) -> list[float]:
         """When each of `events` (ids of this stream) was acknowledged to its caller."""
-        for slot, (seqs, times) in enumerate(zip(self.acked, self.acked_at, strict=True)):
-            for seq, acked_at in zip(seqs, times, strict=True):
-                if event_id(self.tag, slot, seq) in events:
-                    yield acked_at
+        return [
+            when
+            for slot, acked in enumerate(self.acked)
+            for seq, when in acked
+            if event_id(self.tag, slot, seq) in events
+        ]
 
     def acknowledged_ids(self) -> set[str]:
         return {
-            event_id(self.tag, slot, seq) for slot, acked in enumerate(self.acked) for seq in acked
+            event_id(self.tag, slot, seq)
+            for slot, acked in enumerate(self.acked)
+            for seq, _ in acked
         }
 
 
 def kill_run(
-    side: Side,
-    bootstrap: str,
-    directory: Path,
-    topic: str,
-    *,
-    profile: Profile,
-    rng: random.Random,
-) -> KillLedger:
-    """Stream, SIGKILL the shipper `kills_per_run` times, restart it each time, then count."""
-    create_topic(bootstrap, topic, PARTITIONS)
-    shipper = side.launch(directory, bootstrap, topic)
-    result = KillLedger(side.name, profile.kills_per_run, offered_rate=profile.stream_rate)
+    side: Side, bootstrap: str, directory: Path, topic: str, *, profile: Profile, rng: random.Random
+) -> dict[str, Any]:
+    """Stream, SIGKILL the shipper `kills_per_run` times, restart it each time, then count:
+    the run's ledger as the result lists it."""
     restarts: list[float] = []
     kill_times: list[float] = []
-    try:
-        with side.open_callers(shipper, topic, CALLER_THREADS) as callers:
+    with launched(side, bootstrap, directory, topic) as shipper:
+        with side.open_callers(shipper, topic, False) as callers:
             stream = Stream(callers, f"k{directory.name}", profile.stream_rate, side.failures)
             try:
                 # Steady state first: a kill of a shipper that never delivered measures its
@@ -1035,8 +765,8 @@ def kill_run(
                 stream.stop()
         drain_began = time.monotonic()
         expected = stream.acknowledged_ids()
-        if side.wait_drained is not None:
-            side.wait_drained(shipper)
+        if isinstance(shipper, AgentProcess):  # rsyslog has no such call: the read idles out
+            shipper.wait_until_drained(DELIVERY_TIMEOUT_S)
         seen = consume_event_ids(
             bootstrap,
             [topic],
@@ -1046,57 +776,40 @@ def kill_run(
             poll_timeout=0.1,
             idle_timeout=profile.idle_s,
         )
-        result.drain_s = round(time.monotonic() - drain_began, 2)
-    except BaseException:
-        progress(f"{side.name} log:\n{shipper.log_tail()}")
-        raise
-    finally:
-        shipper.stop()
-    counted = ledger(expected, seen)
-    result.acknowledged = counted.sent
-    result.delivered = counted.delivered
-    result.lost = counted.lost
-    result.duplicates = counted.duplicated
-    result.delivered_unacknowledged = sum(1 for event in seen if event not in expected)
-    result.failed_sends = sum(stream.failed)
-    result.acknowledged_rate = round(counted.sent / (stream.stopped - stream.started), 1)
-    result.restart_s_max = round(max(restarts), 3)
+        drain_s = round(time.monotonic() - drain_began, 2)
+    counted = ledger.tally(expected, seen)
     missing = expected - seen.keys()
-    result.lost_per_kill, result.lost_after_last_kill = losses_by_kill(
+    lost_per_kill, lost_after_last_kill = ledger.losses_by_kill(
         stream.acknowledged_at(missing), kill_times
     )
-    result.lost_examples = sorted(missing)[:3]
-    return result
+    return {
+        "side": side.name,
+        "kills": profile.kills_per_run,
+        "acknowledged": counted.acknowledged,
+        "delivered": counted.delivered,
+        "lost": counted.lost,
+        "duplicates": counted.duplicated,
+        # a send failed by a kill whose event got through
+        "delivered_unacknowledged": counted.unacknowledged_delivered,
+        "delivered_fraction": round(counted.delivered_fraction, 6),
+        "failed_sends": sum(stream.failed),
+        "offered_rate": profile.stream_rate,
+        "acknowledged_rate": round(counted.acknowledged / (stream.stopped - stream.started), 1),
+        "restart_s_max": round(max(restarts), 3),
+        "drain_s": drain_s,
+        "lost_per_kill": [asdict(loss) for loss in lost_per_kill],
+        "lost_after_last_kill": lost_after_last_kill,
+        "lost_examples": sorted(missing)[:3],
+    }
 
 
 # ---- main -------------------------------------------------------------------------------
 
 
-def record_e2e(runs: Runs, name: str, result: E2EResult) -> None:
-    runs.add(f"{name}_rate", result.rate)
-    runs.add(f"{name}_send_rate", result.send_rate)
-    for stat in ("p50_us", "p99_us", "p999_us", "max_us"):
-        runs.add(f"{name}_latency_{stat}", result.latency_us[stat])
-    if result.ack_latency_us is not None:
-        for stat in ("p50_us", "p99_us", "p999_us"):
-            runs.add(f"{name}_ack_latency_{stat}", result.ack_latency_us[stat])
-    runs.add(f"{name}_cpu_us_per_event", result.shipper_cpu_us_per_event)
-    runs.add(f"{name}_broker_cpu_us_per_event", result.broker_cpu_us_per_event)
-
-
-def describe(result: E2EResult) -> str:
-    latency = result.latency_us
-    return (
-        f"{result.rate:>8,.0f} events/s end to end, callers {result.send_rate:>8,.0f}/s, "
-        f"send p50 {latency['p50_us']:.0f} us p99 {latency['p99_us']:.0f} us"
-    )
-
-
 def run(args: BenchArgs) -> dict[str, object]:
     profile = QUICK if args.quick else FULL
-    events_arg: int | None = args.namespace.events
-    if events_arg is not None:
-        profile = Profile(**{**asdict(profile), "events": events_arg})
+    if args.namespace.events is not None:
+        profile = replace(profile, events=args.namespace.events)
     rsyslogd = ensure_rsyslog()
     version = rsyslog_version_line(
         subprocess.run([rsyslogd, "-v"], capture_output=True, text=True, check=True).stdout
@@ -1104,37 +817,35 @@ def run(args: BenchArgs) -> dict[str, object]:
     session = Session(args, "logship")  # short: a unix socket path holds at most 107 bytes
     scratch = session.scratch
     library_dir = bundled_librdkafka(scratch / "lib")
-    facts: dict[str, Any] = {
-        "rsyslog": version,
-        "librdkafka_rsyslog": librdkafka_version(
+    librdkafka = {
+        "rsyslog": librdkafka_version(
             os.fspath(library_dir / "librdkafka.so.1") if library_dir else "librdkafka.so.1"
         ),
-        "librdkafka_system": librdkafka_version("librdkafka.so.1"),
-        "librdkafka_eventspool": str(confluent_kafka.libversion()[0]),
+        "system": librdkafka_version("librdkafka.so.1"),
+        "eventspool": str(confluent_kafka.libversion()[0]),
     }
     progress(
-        f"{'quick' if args.quick else 'full'}: {args.repeats} e2e repetitions of "
-        f"{profile.events:,} events x {PAYLOAD_BYTES} B from {CALLER_THREADS} threads; "
-        f"{profile.kill_runs} kill run(s) x {profile.kills_per_run} kills per side; "
-        f"{version}, librdkafka {facts['librdkafka_rsyslog']}"
+        f"{args.repeats} e2e repetitions, {profile}; {version}, librdkafka {librdkafka['rsyslog']}"
     )
     sides = make_sides(rsyslogd, library_dir)
     runs = Runs()
-    ledgers: list[KillLedger] = []
+    kill_runs: list[dict[str, Any]] = []
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     with session:
         broker = session.broker()
         for rep in range(args.repeats):
             for name in alternate(rep, SIDES):
+                topic = f"{TOPIC_PREFIX}-e2e-{name}-{rep}-{os.getpid()}"
                 result = e2e_run(
-                    sides[name],
-                    broker,
-                    scratch / f"{name[0]}{rep}",
-                    f"{TOPIC_PREFIX}-e2e-{name}-{rep}-{os.getpid()}",
-                    profile.events,
+                    sides[name], broker, scratch / f"{name[0]}{rep}", topic, profile.events
                 )
-                record_e2e(runs, name, result)
-                progress(f"e2e rep {rep + 1}/{args.repeats} {name:6}: {describe(result)}")
+                for key, value in result.items():
+                    runs.add(f"{name}_{key}", value)
+                progress(
+                    f"e2e rep {rep + 1}/{args.repeats} {name:6}: {result['rate']:>8,.0f} events/s "
+                    f"end to end, callers {result['send_rate']:>8,.0f}/s, send p50 "
+                    f"{result['latency_p50_us']:.0f} us p99 {result['latency_p99_us']:.0f} us"
+                )
         for rep in range(profile.kill_runs):
             for name in alternate(rep, SIDES):
                 entry = kill_run(
@@ -1145,213 +856,140 @@ def run(args: BenchArgs) -> dict[str, object]:
                     profile=profile,
                     rng=rng,
                 )
-                ledgers.append(entry)
-                runs.add(f"{name}_delivered_fraction", entry.delivered_fraction)
+                kill_runs.append(entry)
+                runs.add(f"{name}_delivered_fraction", entry["delivered_fraction"])
                 progress(
-                    f"kill run {rep + 1}/{profile.kill_runs} {name:6}: {entry.kills} kills, "
-                    f"{entry.acknowledged:,} acknowledged, {entry.delivered:,} delivered, "
-                    f"{entry.lost:,} lost, {entry.duplicates:,} duplicates"
+                    f"kill run {rep + 1}/{profile.kill_runs} {name:6}: "
+                    + ", ".join(f"{entry[key]:,} {key}" for key in KILL_COUNTS)
+                    + f"; lost per kill {[loss['lost'] for loss in entry['lost_per_kill']]}"
                 )
-    return build_result(args, profile, runs=runs, ledgers=ledgers, facts=facts, session=session)
-
-
-def kill_spread(ledgers: Sequence[KillLedger], side: str) -> dict[str, float]:
-    """Median, mean and most acknowledged events one kill took, over all kills of a side."""
-    losses = [loss.lost for entry in ledgers if entry.side == side for loss in entry.lost_per_kill]
-    if not losses:
-        return {}
-    return {
-        "median": median(losses),
-        "mean": round(sum(losses) / len(losses), 1),
-        "max": max(losses),
-    }
+    versions = {"rsyslog": version, "librdkafka": librdkafka, "broker": TANSU}
+    return build_result(profile, runs, kill_runs=kill_runs, session=session, versions=versions)
 
 
 def build_result(
-    args: BenchArgs,
     profile: Profile,
-    *,
     runs: Runs,
-    ledgers: Sequence[KillLedger],
-    facts: dict[str, Any],
+    *,
+    kill_runs: list[dict[str, Any]],
     session: Session,
+    versions: dict[str, Any],
 ) -> dict[str, object]:
     m = runs.medians()
-    ours = m["ours_rate"]
-    anchor = m["anchor_rate"]
-
-    def totals(side: str) -> dict[str, int]:
-        mine = [entry for entry in ledgers if entry.side == side]
-        keys = ("kills", "acknowledged", "delivered", "lost", "duplicates", "failed_sends")
-        return {key: sum(int(getattr(entry, key)) for entry in mine) for key in keys}
-
+    by_side = {side: [k for k in kill_runs if k["side"] == side] for side in SIDES}
+    totals = {
+        side: {key: sum(int(k[key]) for k in runs_of) for key in KILL_COUNTS}
+        for side, runs_of in by_side.items()
+    }
     # Loss is pooled over every kill, not the median of runs: one kill that lands while a
     # restarted shipper is still connecting can take most of a run's loss, and a median
     # of a few runs would hide exactly that.
     pooled = {
-        side: delivered_fraction(totals(side)["delivered"], totals(side)["acknowledged"])
-        for side in SIDES
+        side: ledger.delivered_fraction(total["delivered"], total["acknowledged"])
+        for side, total in totals.items()
     }
-    rsyslog = "rsyslog + omkafka, disk-assisted queue"
-    latency_titles = {"p50_us": "p50", "p99_us": "p99", "p999_us": "p99.9"}
+
+    def compared(
+        name: str, key: str, unit: str, title: str, digits: int | None = None
+    ) -> dict[str, object]:
+        """The figure `name`: the median of ours' `key` against the anchor's (for the
+        acknowledgement latency, the anchor's send latency); with `digits`, a cost, where
+        lower is better."""
+        ours, anchor = m[f"ours_{key}"], m[f"anchor_{key.removeprefix('ack_')}"]
+        return figure(
+            name,
+            round(ours, digits),
+            round(anchor, digits),
+            unit=unit,
+            title=title,
+            anchor_is=RSYSLOG,
+            higher_is_better=digits is None,
+        )
+
+    latencies = [
+        (f"latency_{stat.removesuffix('_us')}", f"latency_{stat}", label)
+        for stat, label in LATENCY_STATS.items()
+    ]
+    # (figure, key, title): every caller's wait, and ours until the event is on disk
+    waits = [
+        (f"caller_{name}", key, f"Caller's wait per send, {label}")
+        for name, key, label in latencies
+    ] + [
+        (f"ours_ack_{name}", f"ack_{key}", f"Ours: send until on disk, {label} (anchor: its send)")
+        for name, key, label in latencies[:2]
+    ]
     figures = [
-        figure(
-            "caller_send_rate",
-            round(m["ours_send_rate"]),
-            round(m["anchor_send_rate"]),
-            unit="events/s",
-            title="Callers' send rate, 8 threads",
-            anchor_is=rsyslog,
-        ),
-        *(
-            figure(
-                f"caller_latency_{stat.removesuffix('_us')}",
-                round(m[f"ours_latency_{stat}"], 1),
-                round(m[f"anchor_latency_{stat}"], 1),
-                unit="us",
-                title=f"Caller's wait per send, {latency_titles[stat]}",
-                anchor_is=rsyslog,
-                higher_is_better=False,
-            )
-            for stat in ("p50_us", "p99_us", "p999_us")
-        ),
-        *(
-            figure(
-                f"ours_ack_latency_{stat.removesuffix('_us')}",
-                round(m[f"ours_ack_latency_{stat}"], 1),
-                round(m[f"anchor_latency_{stat}"], 1),
-                unit="us",
-                title=f"Ours: send until on disk, {latency_titles[stat]} (anchor: its send)",
-                anchor_is=rsyslog,
-                higher_is_better=False,
-            )
-            for stat in ("p50_us", "p99_us")
-        ),
+        compared("caller_send_rate", "send_rate", "events/s", "Callers' send rate, 8 threads"),
+        *(compared(name, key, "us", title, 1) for name, key, title in waits),
         figure(
             "sigkill_delivered_fraction",
             round(pooled["ours"], 6),
             round(pooled["anchor"], 6),
             unit="fraction",
             title="Acknowledged events found in Kafka after SIGKILLs of the shipper",
-            anchor_is=rsyslog,
+            anchor_is=RSYSLOG,
         )
         | {"random_anchor": True},
-        lost_figure(
+        ledger.lost_figure(
             "sigkill_acknowledged_lost",
-            totals("ours")["lost"],
-            totals("anchor")["lost"],
+            totals["ours"]["lost"],
+            totals["anchor"]["lost"],
             title="Acknowledged events lost to SIGKILLs of the shipper",
-            anchor_is=rsyslog,
+            anchor_is=RSYSLOG,
         )
         | {"unit": "events, all kills"},
-        figure(
+        compared(
             "shipper_cpu_us_per_event",
-            round(m["ours_cpu_us_per_event"], 2),
-            round(m["anchor_cpu_us_per_event"], 2),
-            unit="us CPU per event",
-            title="CPU of the shipper process per event",
-            anchor_is=rsyslog,
-            higher_is_better=False,
+            "cpu_us_per_event",
+            "us CPU per event",
+            "CPU of the shipper process per event",
+            2,
         ),
     ]
+    title = "Events/s from callers into Kafka through the local shipper, 8 threads"
     return {
-        **figure(
-            FIGURE,
-            round(ours),
-            round(anchor),
-            unit="events/s",
-            title="Events/s from callers into Kafka through the local shipper, 8 threads",
-            anchor_is=rsyslog,
-        ),
+        **compared(FIGURE, "rate", "events/s", title),
         "figures": figures,
         "latency_us": {
             side: {
-                stat: round(m[f"{side}_latency_{stat}"], 1)
-                for stat in ("p50_us", "p99_us", "p999_us", "max_us")
+                stat: round(m[f"{side}_latency_{stat}"], 1) for stat in (*LATENCY_STATS, "max_us")
             }
-            for side in ("ours", "anchor")
+            for side in SIDES
         },
-        "ack_latency_us": {
-            stat: round(m[f"ours_ack_latency_{stat}"], 1)
-            for stat in ("p50_us", "p99_us", "p999_us")
-        },
-        "latency_note": "both callers fire and go: a syslog datagram send() returns once the "
-        "kernel queued it on rsyslogd's socket (nothing is on disk, rsyslogd may not have read "
-        "it, and the caller never learns more); the eventspool Client's send_async() returns "
-        "once the event is queued for the agent, and its future resolves once the event is in "
-        "the agent's spool file (ack_latency_us: from the call until then)",
+        "ack_latency_us": {stat: round(m[f"ours_ack_latency_{stat}"], 1) for stat in LATENCY_STATS},
         "sigkill": {
-            "totals": {"ours": totals("ours"), "anchor": totals("anchor")},
-            "lost_per_kill": {side: kill_spread(ledgers, side) for side in ("ours", "anchor")},
-            "delivered_fraction_median_of_runs": {
-                side: round(m[f"{side}_delivered_fraction"], 6) for side in ("ours", "anchor")
+            "totals": totals,
+            "lost_per_kill": {
+                side: ledger.loss_spread(
+                    [loss["lost"] for k in runs_of for loss in k["lost_per_kill"]]
+                )
+                for side, runs_of in by_side.items()
             },
-            "ledgers": [
-                asdict(entry) | {"delivered_fraction": round(entry.delivered_fraction, 6)}
-                for entry in ledgers
-            ],
+            "delivered_fraction_median_of_runs": {
+                side: round(m[f"{side}_delivered_fraction"], 6) for side in SIDES
+            },
+            "ledgers": kill_runs,
         },
         "broker_cpu_us_per_event": {
-            "ours": round(m["ours_broker_cpu_us_per_event"], 2),
-            "anchor": round(m["anchor_broker_cpu_us_per_event"], 2),
+            side: round(m[f"{side}_broker_cpu_us_per_event"], 2) for side in SIDES
         },
         "settings": {
-            "events_per_e2e_run": profile.events,
+            **asdict(profile),
             "warmup_events": WARMUP_EVENTS,
             "payload_bytes": PAYLOAD_BYTES,
-            "payload": "id=TAG-CALLER-SEQ then fixed printable filler; keyless",
             "topic_partitions": PARTITIONS,
             "caller_threads": CALLER_THREADS,
-            "ours": "eventspool agent process, default settings; one Client shared by the "
-            "caller threads: send_async(topic, value) in the end-to-end runs (each future "
-            "checked), send(topic, value) in the SIGKILL runs",
-            "anchor": "rsyslogd -n, imuxsock on its own socket (rate limit off) -> omkafka "
-            "(lz4, idempotent, acks=all) with a LinkedList disk-assisted action queue "
-            "(queue.filename, size 100000, maxDiskSpace 1g, saveOnShutdown on, "
-            "resumeRetryCount -1, resubmitOnFailure, keepFailedMessages); one connected "
-            "unix datagram socket per caller thread, syslog(3) message format",
-            "anchor_librdkafka": "the confluent-kafka wheel's librdkafka via LD_LIBRARY_PATH "
-            "(Debian's cannot parse tansu's ApiVersion v3 answer)"
-            if facts["librdkafka_rsyslog"] != facts["librdkafka_system"]
-            else "the system librdkafka",
-            "e2e_rate": "events / (first send until a consumer polling every "
-            f"{WATCH_POLL_S * 1000:.0f} ms, fetches waiting as long at most, has read "
-            "every id)",
-            "kill_runs_per_side": profile.kill_runs,
-            "kills_per_run": profile.kills_per_run,
-            "kill_delay_s": list(profile.kill_delay_s),
-            "stream_rate_events_per_s": profile.stream_rate,
+            "reader_poll_s": WATCH_POLL_S,
             "progress_events_before_each_kill": PROGRESS_EVENTS,
-            "drain": f"ours: agent STATS show nothing unacknowledged; anchor: no new record "
-            f"for {profile.idle_s} s",
         },
         "runs": runs.listed(),
         **provenance(
-            args,
+            session.args,
             load_start=session.load_start,
             filesystem=session.filesystem,
-            versions={
-                "rsyslog": facts["rsyslog"],
-                "librdkafka": {
-                    "rsyslog": facts["librdkafka_rsyslog"],
-                    "system": facts["librdkafka_system"],
-                    "eventspool": facts["librdkafka_eventspool"],
-                },
-                "broker": TANSU,
-            },
+            versions=versions,
         ),
     }
-
-
-def print_kills(result: dict[str, Any]) -> None:
-    """What each kill took, below the table of figures."""
-    sigkill = result["sigkill"]
-    print(f"\nSIGKILL totals: {json.dumps(sigkill['totals'])}", file=sys.stderr)
-    for entry in sigkill["ledgers"]:
-        per_kill = ", ".join(
-            f"{loss['lost']} (oldest {loss['window_ms']:.0f} ms)" for loss in entry["lost_per_kill"]
-        )
-        print(f"  {entry['side']:6} lost per kill: {per_kill}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1363,12 +1001,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             help=f"events per e2e run (default {FULL.events:,}, {QUICK.events:,} with --quick)",
         )
 
-    def run_and_show(args: BenchArgs) -> dict[str, Any]:
-        result = run(args)
-        print_kills(result)
-        return result
-
-    return bench_main("The eventspool agent against rsyslog + omkafka", run_and_show, argv, extra)
+    return bench_main("The eventspool agent against rsyslog + omkafka", run, argv, extra)
 
 
 if __name__ == "__main__":

@@ -117,17 +117,6 @@ def last_json_line(stdout: str, script: str) -> dict[str, Any]:
     return result
 
 
-def run_all(scripts: Sequence[str], *, quick: bool, soak_duration_s: int) -> list[dict[str, Any]]:
-    return [
-        run_script(
-            script,
-            script_args(script, quick=quick, soak_duration_s=soak_duration_s),
-            f"{index}/{len(scripts)}",
-        )
-        for index, script in enumerate(scripts, start=1)
-    ]
-
-
 def revision() -> str:
     """The commit measured, marked "-dirty" when the measured code (anything but docs and
     tests) had uncommitted changes."""
@@ -206,32 +195,20 @@ def check(store: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], tolerance
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="run every bench with --quick")
-    parser.add_argument(
-        "--soak-duration",
-        type=int,
-        default=None,
-        help=f"soak seconds (default {REPORT_SOAK_S}, {QUICK_SOAK_S} with --quick or --check)",
-    )
-    parser.add_argument("--only", default="", help="comma-separated bench names to rerun")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--render-only", action="store_true", help="redraw from the stored JSON")
-    mode.add_argument(
-        "--plots-only",
-        action="store_true",
-        help="redraw only the plots from the stored JSON; the page stays as it is",
-    )
-    mode.add_argument(
-        "--check",
-        action="store_true",
-        help="rerun in the published mode and compare ratios; writes nothing",
-    )
-    parser.add_argument(
+    add, mode = parser.add_argument, parser.add_mutually_exclusive_group().add_argument
+    add("--quick", action="store_true", help="run every bench with --quick")
+    soak = f"default {REPORT_SOAK_S}, {QUICK_SOAK_S} with --quick or --check"
+    add("--soak-duration", type=int, help=f"soak seconds ({soak})")
+    add("--only", default="", help="comma-separated bench names to rerun")
+    mode("--render-only", action="store_true", help="redraw from the stored JSON")
+    mode("--plots-only", action="store_true", help="redraw only the plots from the stored JSON")
+    mode("--check", action="store_true", help="rerun as published, compare ratios; write nothing")
+    band = f"a fraction, default {DEFAULT_TOLERANCE}: within /1.25 .. x1.25"
+    add(
         "--tolerance",
         type=float,
         default=DEFAULT_TOLERANCE,
-        help=f"--check: allowed ratio change either way, as a fraction "
-        f"(default {DEFAULT_TOLERANCE}: within /1.25 .. x1.25)",
+        help=f"--check: allowed ratio change either way ({band})",
     )
     return parser.parse_args(argv)
 
@@ -250,26 +227,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(chosen) - set(available))
     if unknown:
         raise SystemExit(f"no bench script named {', '.join(unknown)}; have {', '.join(available)}")
-    if args.check:
-        store = load_store()
-        quick = bool(store.get("quick"))
-        soak_s = args.soak_duration or QUICK_SOAK_S
-        runs = run_all(chosen, quick=quick, soak_duration_s=soak_s)
-        return 0 if check(store, runs, args.tolerance) else 1
-    soak_s = args.soak_duration or (QUICK_SOAK_S if args.quick else REPORT_SOAK_S)
+    # --check reruns in the published mode and writes nothing.
+    published = load_store() if args.check else None
+    quick = bool(published.get("quick")) if published is not None else args.quick
+    soak_s = args.soak_duration or (QUICK_SOAK_S if quick or args.check else REPORT_SOAK_S)
     measured_revision = revision()
-    stored = load_store()["scripts"] if STORE.exists() else []
-    results = {run["script"]: run for run in stored}
+    results = {run["script"]: run for run in (load_store()["scripts"] if STORE.exists() else [])}
+    fresh = []
     for index, script in enumerate(chosen, start=1):
-        arguments = script_args(script, quick=args.quick, soak_duration_s=soak_s)
-        run = run_script(script, arguments, f"{index}/{len(chosen)}")
-        results[script] = run | {"revision": measured_revision}
-        # Kept after every script, so a failure later on costs only the script that failed.
-        save_store(
-            [results[name] for name in available if name in results],
-            quick=args.quick,
-            revision=measured_revision,
-        )
+        arguments = script_args(script, quick=quick, soak_duration_s=soak_s)
+        fresh.append(run := run_script(script, arguments, f"{index}/{len(chosen)}"))
+        if published is None:
+            results[script] = run | {"revision": measured_revision}
+            # Kept after every script, so a failure later on costs only the script that failed.
+            runs = [results[name] for name in available if name in results]
+            save_store(runs, quick=quick, revision=measured_revision)
+    if published is not None:
+        return 0 if check(published, fresh, args.tolerance) else 1
     write_report(load_store())
     return 0
 

@@ -1,23 +1,22 @@
 """Routing decisions per second with 10k bindings, and send() through an exchange.
 
-What one run measures (each figure is the median over the repetitions):
-
 1. Routing decisions: a topic exchange with `BINDINGS` binding keys shaped like
-   `region.service.severity.event` (literal words, `*` and a trailing `#`), bound to
-   `TARGET_TOPICS` topics, routes random four-word routing keys. Ours: the compiled
-   exchange (the trie), as `Spool.send()` uses it, returning the sorted target topics.
-   The anchor, in the same run on the same keys: the naive router, a loop over every
-   binding's compiled regular expression (eventspool.routing.reference), collecting
-   and sorting the topics. Both answers are compared on every key the anchor routes.
-   Also reported: the trie alone, a direct and a fanout exchange, and the build times.
+   `region.service.severity.event` (the region literal, then each word `#`, ending the
+   key, with p=HASH_TAIL_CHANCE, else `*` with p=STAR_CHANCE, at most MAX_STARS, else a
+   literal), bound to `TARGET_TOPICS` topics, routes 20,000 random four-word routing keys,
+   cycled. Ours: the compiled exchange (the trie), as `Spool.send()` uses it, returning
+   the sorted target topics. The anchor, in the same run on the same keys: the naive
+   router, a loop over every binding's compiled regular expression
+   (eventspool.routing.reference), collecting and sorting the topics; both answers are
+   compared on every key the anchor routes. Also reported: the trie alone, a direct and
+   a fanout exchange, and the build times.
 2. send() through an exchange against a plain send() in the same run: one thread,
-   keyless 100-byte values, durability `process`, no sender; rings emptied with
-   read_batch + ack between passes, outside the timed region. Through the topic exchange
-   of (1), with routing keys that each reach exactly one topic (plus the alternate
-   topic for unroutable ones: none here); and through a fanout exchange to three topics,
-   all or nothing (three writes per event).
+   keyless 100-byte values, durability `process`, 64 MiB rings, one partition per topic,
+   no sender; the rings are emptied between passes, outside the timed region. Through
+   the topic exchange of (1), with routing keys that each reach exactly one topic; and
+   through a fanout exchange to three topics, all or nothing (three writes per event).
 
-The LAST line on stdout is one JSON object; progress and a table go to stderr.
+Each figure is the median over the repetitions.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from eventspool.routing.trie import TopicTrie
 from harness.cli import BenchArgs, bench_main
 from harness.figures import figure
 from harness.output import progress
+from harness.rings import expect_emptied
 from harness.runs import Runs, safe_ratio
 from harness.session import Session
 
@@ -51,6 +51,7 @@ PAYLOAD_BYTES = 100
 CAPACITY_BYTES = 64 * MIB
 SEED = 20_240_807
 FANOUT_TOPICS = ("fan-a", "fan-b", "fan-c")
+ROUTING_KEYS = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +63,6 @@ class Profile:
 
 QUICK = Profile(route_seconds=0.3, anchor_keys=150, send_events=30_000)
 FULL = Profile(route_seconds=1.0, anchor_keys=600, send_events=150_000)
-
-
-# ---- the workload ------------------------------------------------------------------
 
 
 def word(position: int, index: int) -> str:
@@ -111,9 +109,6 @@ def topic_exchange(keys: Sequence[str], rng: random.Random) -> Exchange:
     )
 
 
-# ---- routing decisions -------------------------------------------------------------
-
-
 def rate_of(route: Callable[[str], object], keys: Sequence[str], seconds: float) -> float:
     """Decisions per second, cycling over `keys` for about `seconds`."""
     done = 0
@@ -128,42 +123,13 @@ def rate_of(route: Callable[[str], object], keys: Sequence[str], seconds: float)
             return done / (now - started)
 
 
-def anchor_route(matcher: RegexMatcher[str]) -> Callable[[str], tuple[str, ...]]:
-    def route(key: str) -> tuple[str, ...]:
-        return tuple(sorted(matcher.match(key)))
-
-    return route
-
-
-def ours_route(compiled: CompiledExchange) -> Callable[[str], tuple[str, ...]]:
-    def route(key: str) -> tuple[str, ...]:
-        found = compiled.route(key)
-        return () if found is None or found.unroutable else found.topics
-
-    return route
-
-
-# ---- send() passes -------------------------------------------------------------------
-
-
-def drain(spool: Spool) -> int:
-    drained = 0
-    for ref in spool.queues():
-        while batch := ref.ring.read_batch(max_records=10_000, max_bytes=64 * MIB):
-            ref.ring.ack(batch[-1].seq)
-            drained += len(batch)
-    return drained
-
-
 def send_pass(spool: Spool, call: Callable[[int], object], events: int, writes: int) -> float:
     """Events per second of `events` calls; checks that `writes` records were queued each."""
     started = time.perf_counter()
     for index in range(events):
         call(index)
     seconds = time.perf_counter() - started
-    queued = drain(spool)
-    if queued != events * writes:
-        raise RuntimeError(f"{events} sends queued {queued} records, expected {events * writes}")
+    expect_emptied(spool, events * writes)
     return events / seconds
 
 
@@ -188,8 +154,15 @@ def run(args: BenchArgs) -> dict[str, object]:
         "bench-fanout", ExchangeType.FANOUT, tuple(Binding(t) for t in FANOUT_TOPICS)
     )
     fanout = CompiledExchange.build(fanout_exchange)
-    sample = routing_keys(rng, 20_000)
-    ours, anchor = ours_route(compiled), anchor_route(matcher)
+    sample = routing_keys(rng, ROUTING_KEYS)
+
+    def ours(key: str) -> tuple[str, ...]:
+        found = compiled.route(key)
+        return () if found is None or found.unroutable else found.topics
+
+    def anchor(key: str) -> tuple[str, ...]:
+        return tuple(sorted(matcher.match(key)))
+
     targets = [ours(key) for key in sample]
     facts["targets_per_key_mean"] = round(sum(map(len, targets)) / len(targets), 3)
     facts["unroutable_share"] = round(sum(1 for t in targets if not t) / len(targets), 4)
@@ -293,26 +266,18 @@ def build_result(
         "settings": {
             "bindings": BINDINGS,
             "target_topics": TARGET_TOPICS,
-            "binding_key_shape": "region.service.severity.event; vocabularies "
-            f"{list(POSITIONS)}; the region literal, then each word `#` (ending the key) "
-            f"with p={HASH_TAIL_CHANCE}, else `*` with p={STAR_CHANCE} (at most "
-            f"{MAX_STARS}), else a literal",
-            "routing_keys": "four literal words drawn uniformly from the vocabularies, "
-            "20,000 of them, cycled",
-            "ours": "CompiledExchange.route (the trie), sorted topics, as Spool.send uses it",
-            "anchor": "a loop over 10k compiled regexes (routing/reference.py), matching "
-            "topics collected and sorted; answers checked equal to ours on its keys",
+            "binding_key_vocabularies": list(POSITIONS),
+            "hash_tail_chance": HASH_TAIL_CHANCE,
+            "star_chance": STAR_CHANCE,
+            "max_stars": MAX_STARS,
+            "routing_keys": ROUTING_KEYS,
             "anchor_keys_per_pass": profile.anchor_keys,
             "route_pass_seconds": profile.route_seconds,
-            "send": f"one thread, keyless {PAYLOAD_BYTES}-byte values, durability process, "
-            f"{CAPACITY_BYTES // MIB} MiB rings, one partition per topic, no sender; "
-            f"{profile.send_events:,} events per pass, rings drained between passes "
-            "outside the timed region",
-            "send_topic_exchange": "routing keys that reach exactly one topic",
-            "send_fanout3": "fanout exchange to 3 topics: every event written to 3 rings, all "
-            "or nothing",
+            "payload_bytes": PAYLOAD_BYTES,
+            "capacity_bytes_per_ring": CAPACITY_BYTES,
+            "send_events_per_pass": profile.send_events,
+            "fanout_topics": len(FANOUT_TOPICS),
             "repetitions": args.repeats,
-            "median_over": "repetitions",
             "quick": args.quick,
         },
         **facts,

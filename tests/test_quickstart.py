@@ -108,8 +108,7 @@ def run_page(steps: list[str], folder: Path) -> tuple[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.spark
-@pytest.mark.xdist_group("spark")
+@pytest.mark.spark  # the pipeline as a command, with a Spark of its own
 @pytest.mark.timeout(240)
 def test_the_quickstart_runs_as_written(tmp_path: Path) -> None:
     """Each step's visible outcome: the id `send` prints is the one `tail` reads back and

@@ -32,6 +32,7 @@ import pytest
 
 from eventspool.broker import LocalBroker
 from eventspool.testing.agent import AgentProcess
+from tests.spark.conftest import SPARK_COMMAND_MARKS
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -51,7 +52,6 @@ BLOCK_SECONDS = 90.0  # how long any other block may take
 
 RUNS_UNTIL_STOPPED = re.compile(r"\.run\(\)")
 STARTS_SPARK = re.compile(r"\bbuild_session\(")
-SPARK_MARKS = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("spark")]
 
 _MARK = re.compile(r"^<!--\s*snippet:\s*(.*?)\s*-->$")
 _FENCE = re.compile(r"^```(\S*)")
@@ -149,7 +149,7 @@ def all_snippets() -> list[Snippet]:
 def cases() -> list[object]:
     """One test case per block, named file:line; a block that starts Spark is slow."""
     return [
-        pytest.param(s, id=s.id, marks=SPARK_MARKS if STARTS_SPARK.search(s.code) else [])
+        pytest.param(s, id=s.id, marks=SPARK_COMMAND_MARKS if STARTS_SPARK.search(s.code) else [])
         for s in all_snippets()
     ]
 

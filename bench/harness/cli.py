@@ -46,45 +46,21 @@ def parse_args(
     `extra` may add script-specific options; their values are in `BenchArgs.namespace`.
     """
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"reduced run (under a minute): {QUICK_REPEATS} repetitions, shorter passes",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=None,
-        help=(
-            "repetitions per figure; each figure is the median over them "
-            f"(default {QUICK_REPEATS} with --quick, else {FULL_REPEATS})"
-        ),
-    )
-    parser.add_argument(
-        "--dir",
-        type=Path,
-        default=None,
-        help="parent directory for scratch files (default: the system temporary directory)",
-    )
-    parser.add_argument(
-        "--keep", action="store_true", help="keep the scratch directory instead of deleting it"
-    )
+    add = parser.add_argument
+    add("--quick", action="store_true", help="reduced run (under a minute), shorter passes")
+    default = f"{QUICK_REPEATS} with --quick, else {FULL_REPEATS}"
+    add("--repeats", type=int, help=f"repetitions, each figure their median (default {default})")
+    add("--dir", type=Path, help="parent directory for scratch files (default: the system's)")
+    add("--keep", action="store_true", help="keep the scratch directory, do not delete it")
     if extra is not None:
         extra(parser)
     ns = parser.parse_args(argv)
-    quick = bool(ns.quick)
-    repeats_arg: int | None = ns.repeats
-    repeats = repeats_arg if repeats_arg is not None else (QUICK_REPEATS if quick else FULL_REPEATS)
+    repeats = (
+        ns.repeats if ns.repeats is not None else (QUICK_REPEATS if ns.quick else FULL_REPEATS)
+    )
     if repeats < 1:
         parser.error("--repeats must be at least 1")
-    scratch_parent: Path | None = ns.dir
-    return BenchArgs(
-        quick=quick,
-        repeats=repeats,
-        scratch_parent=scratch_parent,
-        keep=bool(ns.keep),
-        namespace=ns,
-    )
+    return BenchArgs(bool(ns.quick), repeats, ns.dir, bool(ns.keep), ns)
 
 
 def bench_main(

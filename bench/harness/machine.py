@@ -19,36 +19,21 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def _memory_gib() -> float | None:
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("MemTotal:"):
-                    return round(int(line.split()[1]) / (1024 * 1024), 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def filesystem_type(path: Path) -> str:
     """The type of the file system holding `path` (ext4, xfs, tmpfs...), or "unknown"."""
     try:
-        target = path.resolve()
-        best_mount = ""
-        best_type = "unknown"
         with open("/proc/mounts", encoding="utf-8") as handle:
-            for line in handle:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                mount = fields[1].replace("\\040", " ")
-                if (target == Path(mount) or Path(mount) in target.parents) and len(mount) >= len(
-                    best_mount
-                ):
-                    best_mount, best_type = mount, fields[2]
-        return best_type
+            mounts = [line.split()[1:3] for line in handle]
     except OSError:
         return "unknown"
+    target = path.resolve()
+    # The longest mount point holding `path`; of equal ones the last, which hides the others.
+    holding = [
+        (len(mount), n, kind)
+        for n, (mount, kind) in enumerate(mounts)
+        if target.is_relative_to(mount.replace("\\040", " "))
+    ]
+    return max(holding)[2] if holding else "unknown"
 
 
 def load_average_1m() -> float | None:
@@ -69,7 +54,7 @@ def machine() -> dict[str, object]:
         "cpu_model": _cpu_model(),
         "logical_cores": os.cpu_count(),
         "usable_cores": usable,
-        "memory_gib": _memory_gib(),
+        "memory_gib": round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30, 1),
         "os": f"{platform.system()} {platform.release()}",
         "arch": platform.machine(),
         "python": f"{platform.python_implementation()} {platform.python_version()}",

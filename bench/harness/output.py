@@ -58,18 +58,12 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def print_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
-    print(format_table(headers, rows), file=sys.stderr, flush=True)
-
-
 def print_figures(result: Mapping[str, Any]) -> None:
     """The headline and every listed figure of `result`: ours, the anchor's, the ratio."""
     entries = [result, *result.get("figures", [])]
-    print("", file=sys.stderr)
-    print_table(
-        ["figure", "eventspool", "anchor", "ratio", "unit"],
-        [[e["figure"], e["ours"], e["anchor"], e["ratio"], e.get("unit", "")] for e in entries],
-    )
+    rows = [[e["figure"], e["ours"], e["anchor"], e["ratio"], e.get("unit", "")] for e in entries]
+    table = format_table(["figure", "eventspool", "anchor", "ratio", "unit"], rows)
+    print(f"\n{table}", file=sys.stderr, flush=True)
 
 
 def provenance(

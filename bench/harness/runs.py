@@ -31,9 +31,6 @@ class Runs:
         if value is not None:
             self.values.setdefault(name, []).append(value)
 
-    def median(self, name: str) -> float:
-        return median(self.values[name])
-
     def medians(self) -> dict[str, float]:
         return {name: median(values) for name, values in self.values.items()}
 

@@ -18,7 +18,7 @@ from typing import Self
 
 import confluent_kafka
 
-from eventspool.broker.local import LocalBroker, create_topic
+from eventspool.broker.local import LocalBroker
 from eventspool.broker.mock import MockCluster
 from eventspool.verify import consume_event_ids
 from harness.cli import BenchArgs
@@ -81,11 +81,6 @@ class Session:
         return provenance(
             self.args, load_start=self.load_start, filesystem=self.filesystem, versions=versions
         )
-
-
-def create_topics(bootstrap: str, topics: Collection[str], partitions: int) -> None:
-    for topic in topics:
-        create_topic(bootstrap, topic, partitions)
 
 
 def drain(

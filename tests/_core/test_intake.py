@@ -61,7 +61,7 @@ def _spooled(spool: Spool) -> dict[str, tuple[bytes | None, bytes | None]]:
     return found
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(batch=events, request_id=st.integers(1, 2**32 - 1))
 def test_every_accepted_event_is_in_its_ring_under_the_id_it_was_answered_with(
     tmp_path_factory: object, batch: list[tuple[bytes | None, bytes | None]], request_id: int
@@ -103,7 +103,7 @@ def test_events_with_headers_are_left_to_the_python_path(tmp_path: Path) -> None
         assert intake_send(spool, 1, body, _fallback(spool)) is None  # type: ignore[arg-type]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(body=st.binary(max_size=200))
 def test_random_bodies_never_crash_the_intake_nor_the_result_decoder(
     tmp_path_factory: object, body: bytes

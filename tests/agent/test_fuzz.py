@@ -1039,7 +1039,6 @@ def test_every_byte_stream_gets_well_formed_answers_and_a_close(
 
     @settings(
         max_examples=300,
-        deadline=None,
         database=None,
         derandomize=True,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

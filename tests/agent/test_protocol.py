@@ -42,7 +42,6 @@ from eventspool.wire.protocol import (
 
 FUZZ = settings(
     max_examples=2000,
-    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 

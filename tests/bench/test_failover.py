@@ -3,7 +3,6 @@ ring heads, the figures of a run and of a kill, and the result's orientation."""
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 
@@ -33,7 +32,6 @@ from failover import (
     settle_s,
     value_of,
 )
-from harness.cli import BenchArgs
 from harness.figures import figures_of
 from harness.ledger import delivered_fraction, lost_ratio
 
@@ -133,7 +131,8 @@ def _run(side: str, rep: int, recovery: float, p99: float) -> RunFigures:
 
 def _kill(side: str, lost: int, delivered_lost: int | None) -> KillFigures:
     delivered = None if delivered_lost is None else 1000
-    return KillFigures(side, 0, 0.5, 2.5, 1000, lost, 0, delivered, delivered_lost, 1000, None)
+    tally = (1000, 1000 - lost, lost, 0, 0)
+    return KillFigures(*tally, side, 0, 0.5, 2.5, delivered, delivered_lost, 1000, None)
 
 
 def test_the_result_is_ahead_above_one_and_reads_as_figures() -> None:
@@ -144,19 +143,8 @@ def test_the_result_is_ahead_above_one_and_reads_as_figures() -> None:
         _run("ours", 1, 0.014, 200.0),
     ]
     kills = [_kill("ours", 0, None), _kill("anchor", 99, 0)]
-    args = BenchArgs(
-        quick=True, repeats=2, scratch_parent=None, keep=False, namespace=argparse.Namespace()
-    )
-    result = build_result(
-        args,
-        repeats=2,
-        kills_per_side=1,
-        runs=runs,
-        kills=kills,
-        phases=Phases(steady_s=1.0, outage_s=5.0, tail_s=2.0, kill_after_down_s=2.5),
-        rate=20_000,
-        provenance={},
-    )
+    phases = Phases(steady_s=1.0, outage_s=5.0, tail_s=2.0, kill_after_down_s=2.5)
+    result = build_result(runs, kills, phases, 20_000, {})
     assert list(result)[:4] == ["figure", "ours", "anchor", "ratio"]
     assert (result["ours"], result["anchor"], result["ratio"]) == (0.012, 0.006, 0.5)
     by_name = {f.name: f for f in figures_of("failover", result)}

@@ -1,4 +1,4 @@
-"""The arithmetic of the SIGKILL bench: one kill's ledger, the medians and the ratios."""
+"""The arithmetic of the SIGKILL bench: one kill's tally, the medians and the ratios."""
 
 from __future__ import annotations
 
@@ -6,24 +6,17 @@ from collections import Counter
 
 import pytest
 
-from kill_loss import ANCHOR, OURS, WAIT_EACH, KillLedger, figures, kill_ledger, lane_summary
+from harness.ledger import tally
+from kill_loss import ANCHOR, OURS, WAIT_EACH, KillLedger, figures, lane_summary
 
 
 def _kill(lane: str, lost: int, rate: float, acknowledged: int = 100) -> KillLedger:
-    return KillLedger(lane, 0, 1.0, acknowledged, acknowledged - lost, lost, 0, 0, rate)
+    return KillLedger(acknowledged, acknowledged - lost, lost, 0, 0, lane, 0, 1.0, rate)
 
 
 def test_a_ledger_counts_lost_duplicated_and_unacknowledged_events() -> None:
     seen = Counter({"a": 1, "b": 2, "x": 1, "marker": 1})
-    kill = kill_ledger(
-        "producer",
-        3,
-        acknowledged=["a", "b", "c"],
-        seen=seen,
-        marker="marker",
-        kill_after_s=0.5,
-        rate=6.0,
-    )
+    kill = tally(["a", "b", "c"], seen, ignore={"marker"})
     assert (kill.acknowledged, kill.delivered, kill.lost) == (3, 2, 1)
     assert kill.duplicated == 1
     assert kill.unacknowledged_delivered == 1  # "x": in Kafka, never acknowledged

@@ -16,16 +16,14 @@ import pytest
 import log_shipper
 from eventspool.broker import LocalBroker, create_topic
 from eventspool.verify import consume_event_ids
+from harness.ledger import KillLoss, losses_by_kill
 from log_shipper import (
     PAYLOAD_BYTES,
-    KillLoss,
     Rsyslogd,
-    RsyslogPaths,
     SyslogSocket,
     bundled_librdkafka,
     ensure_rsyslog,
     event_id,
-    losses_by_kill,
     make_payload,
     payload_id,
     record_id,
@@ -91,8 +89,7 @@ def test_rsyslog_version_line() -> None:
 
 
 def test_config_has_the_reliability_settings_and_own_paths(tmp_path: Path) -> None:
-    paths = RsyslogPaths(tmp_path / 'odd "dir"')
-    config = render_rsyslog_config(paths, "127.0.0.1:1,127.0.0.1:2", "logs")
+    config = render_rsyslog_config(tmp_path / 'odd "dir"', "127.0.0.1:1,127.0.0.1:2", "logs")
     for setting in (
         'SysSock.Use="off"',
         'RateLimit.Interval="0"',
@@ -113,11 +110,11 @@ def test_config_has_the_reliability_settings_and_own_paths(tmp_path: Path) -> No
 
 @needs_rsyslog
 def test_rsyslogd_accepts_the_config(tmp_path: Path) -> None:
-    paths = RsyslogPaths(tmp_path)
-    paths.work.mkdir()
-    paths.config.write_text(render_rsyslog_config(paths, "127.0.0.1:9092", "logs"))
+    (tmp_path / "work").mkdir()
+    config = tmp_path / "rsyslog.conf"
+    config.write_text(render_rsyslog_config(tmp_path, "127.0.0.1:9092", "logs"))
     check = subprocess.run(
-        [ensure_rsyslog(), "-N1", "-f", str(paths.config)],
+        [ensure_rsyslog(), "-N1", "-f", str(config)],
         capture_output=True,
         text=True,
         check=False,

@@ -110,7 +110,7 @@ def test_agent_loses_nothing_through_leader_moves_broker_loss_fatal_error_and_a_
     finally:
         agent.stop()
     assert stats["sender"]["producer_resets"] >= 1
-    reported = [event_id for child in children for event_id in child.reader.lines]
+    reported = [event_id for child in children for event_id in child.acknowledged()]
     assert _reported(children) == len(reported) > 3 * PROGRESS_EVENTS
     result = ledger(reported, consume_event_ids(cluster.bootstrap_servers, [topic], reported))
     assert result.lost == 0, result

@@ -264,7 +264,7 @@ def test_a_sigkill_in_the_middle_of_a_leader_move_loses_nothing(
         args = [os.fspath(directory), cluster.bootstrap_servers, topic, str(PARTITIONS)]
         args += ["2000", "5000", str(rng.getrandbits(32))]
         report = run_and_kill("tests.fault.sender_child", args, until=move_leaders_then_wait)
-        reported.extend(report.lines)
+        reported.extend(line.event_id for line in report.acknowledged)
     assert reported
     with Spool(directory, cluster.bootstrap_servers, sender_settings=FAST) as spool:
         assert spool.flush(30) == 0

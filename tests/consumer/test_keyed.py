@@ -161,7 +161,7 @@ def _parts(keys: list[bytes], split: int, packed: bool = False) -> list[Parts]:
     ]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     keys=_KEYS,
     failing=_FAILING,
@@ -216,7 +216,7 @@ class _AsyncPipe(_Pipe):
             self.inbox.put(None)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     keys=_KEYS,
     failing=_FAILING,

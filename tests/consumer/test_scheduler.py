@@ -62,7 +62,7 @@ def test_unordered_mode_takes_anything_ready() -> None:
     assert len(scheduler.take(2, now=0)) == 2
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     ordering=st.sampled_from(list(Ordering)),
     events=st.lists(

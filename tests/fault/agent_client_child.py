@@ -1,17 +1,17 @@
 """A client process for the agent SIGKILL test: sends through the agent until it is killed.
 
-Run as ``python -m tests.fault.agent_client_child SOCKET TARGET [THREADS] [SEED]`` from
-the repository root. TARGET is a topic, or ``@NAME`` to publish through exchange NAME
-(no topic name contains '@'), with routing keys ``key.N``. THREADS threads (default 4)
-share one `Client`, so its batching is under test too, and send keyed events in a
-loop, as fast as the agent answers.
+Run as ``python -m tests.fault.agent_client_child LEDGER SOCKET TARGET [THREADS] [SEED]``
+from the repository root. TARGET is a topic, or ``@NAME`` to publish through exchange
+NAME (no topic name contains '@'), with routing keys ``key.N``. THREADS threads
+(default 4) share one `Client`, so its batching is under test too, and send keyed
+events in a loop, as fast as the agent answers.
 
-Each stdout line is one event id whose `send()` returned, written with a single
-``os.write`` after the call returned: a pipe write of under PIPE_BUF bytes is atomic, so
-lines of different threads never interleave and a kill never leaves half an id behind.
-A send that raised AgentError (the agent died under it) is not reported: its event may
-or may not have been spooled. The thread retries with a new event, and the client
-reconnects on that call. Each failure is one line on stderr, for the parent's report.
+Each event id whose `send()` returned is appended to LEDGER (`eventspool.testing.ledger`)
+as ``<event_id> TARGET`` after the call returned; the threads share the writer, and a
+kill never leaves half a line behind. A send that raised AgentError (the agent died
+under it) is not recorded: its event may or may not have been spooled. The thread
+retries with a new event, and the client reconnects on that call. Each failure is one
+line on stderr, for the parent's report.
 """
 
 from __future__ import annotations
@@ -21,19 +21,24 @@ import random
 import sys
 import threading
 import time
+from pathlib import Path
 
 from eventspool.client.sync import AgentError, Client
+from eventspool.testing.ledger import LedgerWriter
 
 KEY_SPACE = 97
 DEFAULT_THREADS = 4
 _RETRY_PAUSE_S = 0.01
 
 
-def _emit(fd: int, line: str) -> None:
-    os.write(fd, line.encode() + b"\n")
+def _complain(line: str) -> None:
+    """One stderr line in one `os.write`, so the threads' lines never interleave."""
+    os.write(2, line.encode() + b"\n")
 
 
-def _send_forever(client: Client, target: str, worker: int, seed: int) -> None:
+def _send_forever(
+    client: Client, ledger: LedgerWriter, target: str, worker: int, seed: int
+) -> None:
     """One sending thread: never returns; AgentError is reported and retried."""
     rng = random.Random(seed * 1000 + worker)
     pid = os.getpid()
@@ -50,35 +55,37 @@ def _send_forever(client: Client, target: str, worker: int, seed: int) -> None:
                 topic, value, key, exchange=exchange, routing_key=f"key.{number}"
             )
         except AgentError as exc:
-            _emit(2, f"AgentError: {exc}")
+            _complain(f"AgentError: {exc}")
             time.sleep(_RETRY_PAUSE_S)
             continue
-        _emit(1, event_id)
+        ledger.append(event_id, target)
 
 
-def _worker(client: Client, topic: str, worker: int, seed: int) -> None:
+def _worker(client: Client, ledger: LedgerWriter, target: str, worker: int, seed: int) -> None:
     """Any other error ends the whole process, so the parent sees it instead of a quiet thread."""
     try:
-        _send_forever(client, topic, worker, seed)
+        _send_forever(client, ledger, target, worker, seed)
     except BaseException as exc:
-        _emit(2, f"thread {worker} failed: {exc!r}")
+        _complain(f"thread {worker} failed: {exc!r}")
         os._exit(3)
 
 
-def run(socket_path: str, topic: str, threads: int, seed: int) -> None:
+def run(ledger: LedgerWriter, socket_path: str, target: str, threads: int, seed: int) -> None:
     """Start the senders and wait forever: a signal is the only way out."""
     # A long timeout: a restart of the agent must not turn into failed sends.
     client = Client(socket_path, timeout=30.0)
     for worker in range(threads):
-        threading.Thread(target=_worker, args=(client, topic, worker, seed), daemon=True).start()
+        threading.Thread(
+            target=_worker, args=(client, ledger, target, worker, seed), daemon=True
+        ).start()
     threading.Event().wait()
 
 
 def main(argv: list[str]) -> None:
-    socket_path, topic, *rest = argv
+    ledger_path, socket_path, target, *rest = argv
     threads = int(rest[0]) if rest else DEFAULT_THREADS
     seed = int(rest[1]) if len(rest) > 1 else int.from_bytes(os.urandom(4), "little")
-    run(socket_path, topic, threads, seed)
+    run(LedgerWriter(Path(ledger_path)), socket_path, target, threads, seed)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
-"""Child processes the fault tests SIGKILL at a random moment, and what they said first.
+"""Child processes the fault tests SIGKILL at a random moment, and what they acknowledged.
 
-A child prints "R <start>" once it is ready, then one line per acknowledged action. A
-line cut by the kill is dropped: only complete lines count as said.
+A child is run as ``python -m MODULE LEDGER ARGS...``: it prints "R <start>" on stdout
+once it is ready, then appends one line to the ledger file LEDGER
+(`eventspool.testing.ledger`) per acknowledged action, after the call it reports has
+returned. The ledger, not the pipe, is the record: a kill cannot cut it short. A child
+may print status lines after the ready line (a "done" line, say); they are not
+acknowledgements.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from eventspool.testing.ledger import LedgerLine, read_lines
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
 
 
 def emit(line: str) -> None:
-    """Say one line, as a child: one `os.write`, so a kill cannot cut it unnoticed."""
+    """Say one line on stdout, as a child: one `os.write`, so a kill cannot cut it unnoticed."""
     os.write(1, line.encode() + b"\n")
 
 
@@ -47,10 +53,12 @@ class LineReader(threading.Thread):
 
 @dataclass(frozen=True, slots=True)
 class KilledChild:
-    """What a SIGKILLed child said: the number on its ready line, the lines after it."""
+    """A SIGKILLed child: the number on its ready line, its ledger's lines in order, and
+    the status lines it printed after the ready line."""
 
     start: int
-    lines: list[str]
+    acknowledged: list[LedgerLine]
+    said: list[str]
     stderr: str
     pid: int
 
@@ -62,11 +70,12 @@ def run_and_kill(
     *,
     until: Callable[[LineReader, subprocess.Popen[bytes]], object] | None = None,
 ) -> KilledChild:
-    """Run `python -m module args`, SIGKILL it `delay_s` after its ready line, or as soon
-    as `until(reader, process)` returns."""
-    with tempfile.TemporaryFile() as stderr:
+    """Run `python -m module LEDGER args`, SIGKILL it `delay_s` after its ready line, or as
+    soon as `until(reader, process)` returns; then read its ledger."""
+    with tempfile.TemporaryDirectory() as scratch, tempfile.TemporaryFile() as stderr:
+        ledger = Path(scratch) / "acknowledged.ids"
         proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
+            [sys.executable, "-m", module, os.fspath(ledger), *args],
             cwd=REPO_ROOT,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -89,6 +98,8 @@ def run_and_kill(
             proc.stdout.close()
         stderr.seek(0)
         errors = stderr.read().decode(errors="replace")
-    assert proc.returncode == -signal.SIGKILL, f"{module} died on its own: {errors}"
-    assert reader.lines and reader.lines[0].startswith("R "), f"no ready line: {errors}"
-    return KilledChild(int(reader.lines[0].split()[1]), reader.lines[1:], errors, proc.pid)
+        assert proc.returncode == -signal.SIGKILL, f"{module} died on its own: {errors}"
+        assert reader.lines and reader.lines[0].startswith("R "), f"no ready line: {errors}"
+        acknowledged = read_lines(ledger)
+    start = int(reader.lines[0].split()[1])
+    return KilledChild(start, acknowledged, reader.lines[1:], errors, proc.pid)

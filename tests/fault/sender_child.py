@@ -1,13 +1,11 @@
 """A sending process for the SIGKILL tests, meant to die mid-traffic.
 
-Run as ``python -m tests.fault.sender_child DIR BOOTSTRAP TOPIC PARTITIONS MAX_IN_FLIGHT
-RATE SEED`` from the repository root. It opens a Spool with a sender on DIR, then sends
-keyed events at RATE per second forever. Each line is one ``os.write`` to the pipe,
-written after the call it reports has returned, so the parent knows exactly which
-event ids `send()` acknowledged when the kill landed:
-
-    R <backlog>   ready: the spool is open and held <backlog> unacknowledged events
-    <event_id>    one `send()` returned this id
+Run as ``python -m tests.fault.sender_child LEDGER DIR BOOTSTRAP TOPIC PARTITIONS
+MAX_IN_FLIGHT RATE SEED`` from the repository root (see `tests.fault.children`). It
+opens a Spool with a sender on DIR, prints ``R <backlog>`` (the unacknowledged events it
+found), then sends keyed events at RATE per second forever. Each id `send()` returned is
+appended to LEDGER as ``<event_id> TOPIC`` after the call, so the parent knows exactly
+which events were acknowledged when the kill landed.
 """
 
 from __future__ import annotations
@@ -16,9 +14,11 @@ import os
 import random
 import sys
 import time
+from pathlib import Path
 
 from eventspool.config import SenderSettings
 from eventspool.pipeline import Spool
+from eventspool.testing.ledger import LedgerWriter
 from tests.fault.children import emit
 
 KEY_SPACE = 97
@@ -26,6 +26,7 @@ _TICK_S = 0.005
 
 
 def run(
+    ledger: LedgerWriter,
     directory: str,
     bootstrap: str,
     topic: str,
@@ -54,14 +55,15 @@ def run(
         while counter < due:
             key = b"key-%d" % rng.randrange(KEY_SPACE)
             value = b"event %d of pid %d " % (counter, os.getpid()) + rng.randbytes(64)
-            emit(spool.send(topic, value, key))
+            ledger.append(spool.send(topic, value, key), topic)
             counter += 1
         time.sleep(_TICK_S)
 
 
 def main(argv: list[str]) -> None:
-    directory, bootstrap, topic, partitions, max_in_flight, rate, seed = argv
+    ledger, directory, bootstrap, topic, partitions, max_in_flight, rate, seed = argv
     run(
+        LedgerWriter(Path(ledger)),
         directory,
         bootstrap,
         topic,

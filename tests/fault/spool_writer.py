@@ -1,15 +1,17 @@
 """Child processes for the fault-injection tests: writers meant to die by SIGKILL.
 
-Run as ``python -m tests.fault.spool_writer MODE ...`` from the repository root. Every
-line a writer prints is written with one ``os.write`` to an unbuffered pipe, after the
-operation it reports has returned, so the parent knows exactly what was acknowledged
-when the kill landed:
+Run from the repository root as ``python -m tests.fault.spool_writer LEDGER ring PATH
+SEED``, ``LEDGER segments DIR KIND AT SEED`` or ``LEDGER spool DIR START SEED`` (see
+`tests.fault.children`), or as ``disk-full DIR LIMIT``. A killed writer prints ``R <n>``
+once its queue is open (producing starts with counter n), then appends each step to
+LEDGER after the operation it reports has returned, so the parent knows exactly what was
+acknowledged when the kill landed:
 
-    R <n>              ready: the queue is open, producing starts with counter n
-    A <counter> <seq>  ring and segments modes: append of that counter returned sequence seq
-    S <counter> <id>   spool mode: send of that counter returned event_id id
-    k <p> <counter>    about to acknowledge partition p up to that counter
-    K <p> <counter>    that acknowledgement has returned
+    <counter> ring <seq>              ring and segments modes: the append of that counter
+                                      returned seq
+    <event_id> crash-topic <counter>  spool mode: the send of that counter returned event_id
+    <counter> ack-begun <p>           about to acknowledge partition p up to that counter
+    <counter> acked <p>               that acknowledgement has returned
 
 The payloads carry their counter and a padding pattern derived from it, so the parent
 can tell an intact record from a torn, stale or invented one.
@@ -36,6 +38,8 @@ from eventspool.errors import QueueFileError
 from eventspool.pipeline import Spool
 from eventspool.spool.ring import Record, RingQueue
 from eventspool.spool.segments import Background, SegmentedQueue
+from eventspool.testing.ledger import LedgerWriter
+from tests.fault.children import emit
 from tests.spool.segment_support import Space
 
 KIB = 1024
@@ -44,6 +48,9 @@ MAX_PADDING = 2000
 RING_HIGH_WATER = 60
 RING_LOW_WATER = 20
 SPOOL_TOPIC = "crash-topic"
+RING = "ring"
+ACK_BEGUN = "ack-begun"
+ACKED = "acked"
 SPOOL_PARTITIONS = 3
 SPOOL_HIGH_WATER = 40
 SPOOL_LOW_WATER = 10
@@ -118,19 +125,15 @@ def headers_for(counter: int) -> list[tuple[str, bytes | None]]:
     return [("counter", str(counter).encode()), ("empty", None)]
 
 
-def _emit(line: str) -> None:
-    os.write(1, line.encode() + b"\n")
-
-
-def run_ring(path: Path, seed: int) -> None:
+def run_ring(ledger: LedgerWriter, path: Path, seed: int) -> None:
     """Append to one ring as fast as possible, acknowledging old records to wrap it."""
     rng = random.Random(seed)
     ring = RingQueue.open(path, ring_settings())
     counter = ring.next_seq
-    _emit(f"R {counter}")
+    emit(f"R {counter}")
     while True:
         seq = ring.append(make_payload(counter, rng.randrange(MAX_PADDING)))
-        _emit(f"A {counter} {seq}")
+        ledger.append(str(counter), RING, str(seq))
         counter += 1
         if ring.depth > RING_HIGH_WATER:
             batch = ring.read_batch(max_records=ring.depth - RING_LOW_WATER, max_bytes=1 << 30)
@@ -138,9 +141,9 @@ def run_ring(path: Path, seed: int) -> None:
                 if parse_payload(record.payload) != record.seq:
                     raise SystemExit(f"record {record.seq} reads back as another counter")
             last = batch[-1].seq
-            _emit(f"k 0 {last}")
+            ledger.append(str(last), ACK_BEGUN, "0")
             ring.ack(last)
-            _emit(f"K 0 {last}")
+            ledger.append(str(last), ACKED, "0")
 
 
 def _die() -> None:
@@ -184,7 +187,7 @@ class _KillingSpace(Space):
             _die()
 
 
-def run_segments(directory: Path, kind: str, at: int, seed: int) -> None:
+def run_segments(ledger: LedgerWriter, directory: Path, kind: str, at: int, seed: int) -> None:
     """run_ring over a chain of small segments, killed inside a segment's creation or
     deletion (see _KillingSpace), so the chain grows and shrinks by several each lap.
     Spares are made on a background thread, as in a spool, so a creation killed may be
@@ -193,10 +196,10 @@ def run_segments(directory: Path, kind: str, at: int, seed: int) -> None:
     space = _KillingSpace(kind, at, rng)
     queue = open_segments(directory, space, ThreadPoolExecutor(1).submit)
     counter = queue.next_seq
-    _emit(f"R {counter}")
+    emit(f"R {counter}")
     while True:
         seq = queue.append(make_payload(counter, rng.randrange(MAX_PADDING)))
-        _emit(f"A {counter} {seq}")
+        ledger.append(str(counter), RING, str(seq))
         counter += 1
         if queue.depth > SEGMENTS_HIGH_WATER:
             queue.rewind()
@@ -207,23 +210,23 @@ def run_segments(directory: Path, kind: str, at: int, seed: int) -> None:
                 if parse_payload(record.payload) != record.seq:
                     raise SystemExit(f"record {record.seq} reads back as another counter")
             last = batch[-1].seq
-            _emit(f"k 0 {last}")
+            ledger.append(str(last), ACK_BEGUN, "0")
             space.deleting()
             queue.ack(last)
-            _emit(f"K 0 {last}")
+            ledger.append(str(last), ACKED, "0")
 
 
-def run_spool(directory: Path, start: int, seed: int) -> None:
+def run_spool(ledger: LedgerWriter, directory: Path, start: int, seed: int) -> None:
     """Send keyed events to a 3-partition topic as fast as possible, acknowledging old ones."""
     rng = random.Random(seed)
     spool = Spool(directory, settings=spool_settings())
     spool.set_partition_count(SPOOL_TOPIC, SPOOL_PARTITIONS)
     counter = start
-    _emit(f"R {counter}")
+    emit(f"R {counter}")
     while True:
         value = make_payload(counter, rng.randrange(MAX_PADDING))
         event_id = spool.send(SPOOL_TOPIC, value, key_for(counter), headers_for(counter))
-        _emit(f"S {counter} {event_id}")
+        ledger.append(event_id, SPOOL_TOPIC, str(counter))
         counter += 1
         if counter % SPOOL_ACK_EVERY:
             continue
@@ -235,9 +238,9 @@ def run_spool(directory: Path, start: int, seed: int) -> None:
             value_of_last = decode(batch[-1].payload).value
             assert value_of_last is not None
             last = parse_payload(value_of_last)
-            _emit(f"k {ref.partition} {last}")
+            ledger.append(str(last), ACK_BEGUN, str(ref.partition))
             ring.ack(batch[-1].seq)
-            _emit(f"K {ref.partition} {last}")
+            ledger.append(str(last), ACKED, str(ref.partition))
 
 
 def run_disk_full(directory: Path, limit: int) -> None:
@@ -268,19 +271,21 @@ def run_disk_full(directory: Path, limit: int) -> None:
         ]
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         result["new_id"] = spool.send("new", b"second try")
-    _emit(json.dumps(result))
+    emit(json.dumps(result))
 
 
 def main(argv: list[str]) -> None:
-    mode, target, *rest = argv
+    if argv[0] == "disk-full":
+        run_disk_full(Path(argv[1]), int(argv[2]))
+        return
+    ledger_path, mode, target, *rest = argv
+    ledger = LedgerWriter(Path(ledger_path))
     if mode == "ring":
-        run_ring(Path(target), int(rest[0]))
+        run_ring(ledger, Path(target), int(rest[0]))
     elif mode == "segments":
-        run_segments(Path(target), rest[0], int(rest[1]), int(rest[2]))
+        run_segments(ledger, Path(target), rest[0], int(rest[1]), int(rest[2]))
     elif mode == "spool":
-        run_spool(Path(target), int(rest[0]), int(rest[1]))
-    elif mode == "disk-full":
-        run_disk_full(Path(target), int(rest[0]))
+        run_spool(ledger, Path(target), int(rest[0]), int(rest[1]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -76,7 +76,7 @@ def test_killed_clients_cost_the_agent_nothing_acknowledged(
     finally:
         for child in children:
             child.stop()
-            acknowledged.update(child.reader.lines)
+            acknowledged.update(child.acknowledged())
     assert _reported(children) == len(acknowledged) > PROGRESS_EVENTS * KILLS
     seen = consume_event_ids(
         broker.bootstrap_servers, [topic], acknowledged, timeout=DRAIN_TIMEOUT_S

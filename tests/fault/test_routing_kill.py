@@ -74,8 +74,8 @@ def test_fanout_from_a_sigkilled_spool_reaches_every_topic(
             str(rng.getrandbits(32)),
         ]
         report = run_and_kill("tests.fault.routing_child", args, rng.uniform(0.2, 1.2))
-        assert report.lines, f"seed {seed}, cycle {cycle}: the child published nothing"
-        reported.extend(report.lines)
+        assert report.acknowledged, f"seed {seed}, cycle {cycle}: the child published nothing"
+        reported.extend(line.event_id for line in report.acknowledged)
         backlogs.append(report.start)
 
     with Spool(directory, broker.bootstrap_servers) as spool:  # adopted: drained, not routed
@@ -145,7 +145,7 @@ def test_fanout_through_a_sigkilled_agent_reaches_every_topic(
     finally:
         agent.stop()
 
-    reported = [event_id for child in children for event_id in child.reader.lines]
+    reported = [event_id for child in children for event_id in child.acknowledged()]
     expected = set(reported)
     record_property("seed", seed)
     record_property("events_acknowledged_by_send", len(reported))

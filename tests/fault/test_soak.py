@@ -1,4 +1,5 @@
-"""The soak (bench/soak.py) for one minute (two cycles of its short fault timing): every fault kind, and not one acknowledged event lost.
+"""The soak (bench/soak.py) for one minute, two cycles of its short fault timing: every
+fault kind, and not one acknowledged event lost.
 
 It runs as a subprocess, exactly as the 30-minute report does, and only its final JSON
 is judged: acknowledged events lost on the way to Kafka and on the way to the

@@ -231,7 +231,6 @@ def test_acknowledged_rewrite_does_not_resurrect_skipped_records(tmp_path: Path)
 
 @settings(
     max_examples=60,
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(data=st.data())

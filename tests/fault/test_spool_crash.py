@@ -23,6 +23,9 @@ from eventspool.spool.partitioner import partition_for_key
 from eventspool.spool.ring import RingQueue
 from tests.fault.children import run_and_kill
 from tests.fault.spool_writer import (
+    ACK_BEGUN,
+    ACKED,
+    RING,
     RING_CAPACITY,
     SPOOL_PARTITIONS,
     SPOOL_TOPIC,
@@ -59,16 +62,15 @@ def test_ring_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
         done_ack = head - 1
         intent_ack = head - 1
         last_appended = report.start - 1
-        for line in report.lines:
-            tag, *fields = line.split()
-            if tag == "A":
-                counter, seq = int(fields[0]), int(fields[1])
+        for line in report.acknowledged:
+            if line.target == RING:
+                counter, seq = int(line.event_id), int(line.value)
                 assert seq == counter == last_appended + 1, f"{where}: append order {line}"
                 last_appended = seq
-            elif tag == "k":
-                intent_ack = int(fields[1])
-            elif tag == "K":
-                done_ack = int(fields[1])
+            elif line.target == ACK_BEGUN:
+                intent_ack = int(line.event_id)
+            elif line.target == ACKED:
+                done_ack = int(line.event_id)
                 assert done_ack == intent_ack, f"{where}: ack reported out of order"
             else:
                 raise AssertionError(f"{where}: unexpected line {line}")
@@ -131,15 +133,17 @@ def test_segments_survive_sigkill_while_created_or_deleted(tmp_path: Path, kind:
         assert report.start == next_seq, f"{where}: the writer found another queue end"
         done_ack = intent_ack = head - 1
         last_appended = report.start - 1
-        for line in report.lines:
-            tag, _, value = line.split()
-            if tag == "A":
-                assert int(value) == last_appended + 1, f"{where}: append order {line}"
-                last_appended = int(value)
-            elif tag == "k":
-                intent_ack = int(value)
+        for line in report.acknowledged:
+            if line.target == RING:
+                seq = int(line.value)
+                assert seq == last_appended + 1, f"{where}: append order {line}"
+                last_appended = seq
+            elif line.target == ACK_BEGUN:
+                intent_ack = int(line.event_id)
+            elif line.target == ACKED:
+                done_ack = int(line.event_id)
             else:
-                done_ack = int(value)
+                raise AssertionError(f"{where}: unexpected line {line}")
         with open_segments(tmp_path) as queue:
             recovery = queue.recovery
             queue_files = sorted(p.name for p in tmp_path.iterdir())
@@ -215,18 +219,17 @@ def test_spool_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
         done_ack: dict[int, int] = defaultdict(lambda: -1)
         intent_ack: dict[int, int] = defaultdict(lambda: -1)
         last_sent = report.start - 1
-        for line in report.lines:
-            tag, first_field, second_field = line.split()
-            if tag == "S":
-                counter = int(first_field)
+        for line in report.acknowledged:
+            if line.target == SPOOL_TOPIC:
+                counter = int(line.value)
                 assert counter == last_sent + 1, f"{where}: send order {line}"
                 last_sent = counter
-                ledger.ids[counter] = second_field
+                ledger.ids[counter] = line.event_id
                 candidates[partition_for_key(key_for(counter), SPOOL_PARTITIONS)].append(counter)
-            elif tag == "k":
-                intent_ack[int(first_field)] = int(second_field)
-            elif tag == "K":
-                done_ack[int(first_field)] = int(second_field)
+            elif line.target == ACK_BEGUN:
+                intent_ack[int(line.value)] = int(line.event_id)
+            elif line.target == ACKED:
+                done_ack[int(line.value)] = int(line.event_id)
             else:
                 raise AssertionError(f"{where}: unexpected line {line}")
         in_flight = last_sent + 1

@@ -21,8 +21,11 @@ from eventspool.spark.session import build_session
 # workers, so nothing can lean on state of the driver's process.
 SPARK_MASTER = "local-cluster[2,1,1024]"
 
-# Every Spark test runs on one xdist worker, which starts the session once.
+# Every test of the shared session runs on one xdist worker, which starts it once.
 SPARK_MARKS = [pytest.mark.slow, pytest.mark.spark, pytest.mark.xdist_group("spark")]
+# A test that runs the pipeline as a command has a Spark of its own: it may run on the
+# other worker beside the shared session's tests, which would otherwise wait in line.
+SPARK_COMMAND_MARKS = [pytest.mark.slow, pytest.mark.spark]
 
 
 @pytest.fixture(scope="session")

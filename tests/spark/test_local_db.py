@@ -11,10 +11,10 @@ from click.testing import CliRunner
 
 from eventspool.broker import LocalBroker
 from eventspool.cli import main
-from tests.spark.conftest import SPARK_MARKS
+from tests.spark.conftest import SPARK_COMMAND_MARKS
 from tests.spark.pipeline_data import RULES_TOML, archive_ids, pipeline_command, send_events
 
-pytestmark = SPARK_MARKS
+pytestmark = SPARK_COMMAND_MARKS
 
 EVENTS = 300
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from eventspool.broker import LocalBroker
-from tests.spark.conftest import SPARK_MARKS
+from tests.spark.conftest import SPARK_COMMAND_MARKS
 from tests.spark.pipeline_data import (
     RULES_TOML,
     archive_ids,
@@ -27,7 +27,7 @@ from tests.spark.pipeline_data import (
     table_stats,
 )
 
-pytestmark = [*SPARK_MARKS, pytest.mark.fault]
+pytestmark = [*SPARK_COMMAND_MARKS, pytest.mark.fault]
 
 EVENTS = 3_000
 PER_BATCH = 1_000

@@ -21,10 +21,10 @@ from eventspool.broker import LocalBroker
 from eventspool.verify import consume_event_ids, ledger
 from tests.fault.children import run_and_kill
 from tests.fault.retry_child import event_id_of
-from tests.spark.conftest import SPARK_MARKS
+from tests.spark.conftest import SPARK_COMMAND_MARKS
 from tests.spark.pipeline_data import RULES_TOML, archive_ids, pipeline_command
 
-pytestmark = [*SPARK_MARKS, pytest.mark.fault]
+pytestmark = [*SPARK_COMMAND_MARKS, pytest.mark.fault]
 
 RecordProperty = Callable[[str, object], None]
 EVENTS = 3_000
@@ -56,8 +56,9 @@ def _publish(
             args,
             until=lambda reader, child: _wait_for_done(reader.lines, child),
         )
-        assert report.lines[-1] == "D 0", f"not all delivered: {report.lines[-1]}"
-    return [int(line) for line in report.lines if line.isdigit()]
+        assert report.said[-1] == "D 0", f"not all delivered: {report.said[-1]}"
+    index_of = {event_id_of(seed, index): index for index in range(start, EVENTS)}
+    return [index_of[line.event_id] for line in report.acknowledged]
 
 
 def _wait_for_done(lines: list[str], child: subprocess.Popen[bytes]) -> None:

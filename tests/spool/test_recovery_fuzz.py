@@ -285,7 +285,7 @@ history_st = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(history=history_st, writable=st.booleans(), data=st.data())
 def test_damaged_record_area(history: History, writable: bool, data: st.DataObject) -> None:
     with scratch_file() as path:
@@ -316,7 +316,7 @@ def test_damaged_record_area(history: History, writable: bool, data: st.DataObje
             reopen_after_append(path, records, written)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     sizes=st.lists(st.integers(1, MAX_PAYLOAD), max_size=30),
     seed=st.integers(0, 2**64 - 1),
@@ -360,7 +360,7 @@ def test_random_record_area(sizes: list[int], seed: int, plant: str, writable: b
             reopen_after_append(path, [], written)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(
     sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=40),
     final_acks=st.integers(0, 10),

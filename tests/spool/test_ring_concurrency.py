@@ -284,7 +284,7 @@ def open_ring(path: Path) -> RingQueue:
     return RingQueue.open(path, one_ring, max_payload=MAX_PAYLOAD)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15)
 @given(schedule=schedule_st)
 def test_concurrent_writers(schedule: list[list[Step]]) -> None:
     with tempfile.TemporaryDirectory(prefix="ring-concurrency-") as directory:
@@ -318,7 +318,7 @@ def test_concurrent_writers(schedule: list[list[Step]]) -> None:
             assert [(r.seq, r.payload) for r in again] == [(r.seq, r.payload) for r in records]
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=12)
 @given(
     schedule=schedule_st,
     max_records=st.integers(1, 20),

@@ -142,5 +142,5 @@ class RingModel(RuleBasedStateMachine):
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-RingModel.TestCase.settings = settings(max_examples=200, stateful_step_count=60, deadline=None)
+RingModel.TestCase.settings = settings(max_examples=200, stateful_step_count=60)
 TestRingModel = RingModel.TestCase

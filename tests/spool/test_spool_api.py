@@ -148,7 +148,6 @@ _name = st.text(st.characters(codec="utf-8"), max_size=12)
 
 @settings(
     max_examples=150,
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(

@@ -17,9 +17,11 @@ from eventspool.consumer.record import Record
 from eventspool.testing.ledger import (
     HandlerLedger,
     LedgerFullError,
+    LedgerLine,
     LedgerReader,
     LedgerWriter,
     committed_lines,
+    read_lines,
 )
 
 
@@ -71,6 +73,25 @@ def test_a_torn_commit_falls_back_to_the_previous_one(tmp_path: Path, count: int
     reader = LedgerReader(tmp_path, "a.ids")
     reader.poll()
     assert reader.ids("orders") == {f"id-{n}" for n in range(count - 1)}
+    assert [line.event_id for line in read_lines(tmp_path / "a.ids")] == [
+        f"id-{n}" for n in range(count - 1)
+    ]
+
+
+def test_lines_read_in_order_with_the_value_beside_the_id(tmp_path: Path) -> None:
+    path = tmp_path / "a.ids"
+    with LedgerWriter(path) as writer:
+        writer.append("id-2", "orders", "7")
+        writer.append("id-1", "@fanout")
+        writer.append("id-2", "orders", "8")
+    assert read_lines(path) == [
+        LedgerLine("id-2", "orders", "7"),
+        LedgerLine("id-1", "@fanout", ""),
+        LedgerLine("id-2", "orders", "8"),
+    ]
+    reader = LedgerReader(tmp_path, "a.ids")
+    assert reader.poll() == 3
+    assert reader.counts == {"orders": {"id-2": 2}, "@fanout": {"id-1": 1}}
 
 
 def test_a_full_ledger_refuses_the_line(tmp_path: Path) -> None:

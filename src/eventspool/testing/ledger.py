@@ -6,8 +6,10 @@ A ledger file (little-endian):
     offset  size  field
     0       24    commit slot 0: u64 length, u64 lines, u64 check of the two
     24      24    commit slot 1: the same
-    48      ...   lines `EVENT_ID TARGET\\n` in the order they were appended; TARGET is a
-                  topic, or `@NAME` for an event published through exchange NAME
+    48      ...   lines `EVENT_ID TARGET[ VALUE]\\n` in the order they were appended;
+                  TARGET is a topic, or `@NAME` for an event published through exchange
+                  NAME; VALUE, when given, is what the writer noted beside the id (a
+                  counter, a sequence). None of the three holds a space.
 
 The writer maps the file shared (sparse, `capacity` bytes of lines): every store is in
 the page cache the moment it is made and the kernel keeps it when the process dies, so
@@ -18,6 +20,8 @@ fewer); a slot whose check does not match is torn and ignored.
 
 Producers write one file each, a consumer handler one per worker process (`HandlerLedger`);
 `LedgerReader` follows any number of them while they grow, so a long run is read once.
+`read_lines` reads one file in order, for a test that checks the steps a killed writer
+took, not only what it counted.
 """
 
 from __future__ import annotations
@@ -29,12 +33,20 @@ import threading
 from collections import Counter
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, NamedTuple, Self
 
 if TYPE_CHECKING:  # only the handler's signature: a writer needs none of the consumer
     from eventspool.consumer.record import Record
 
-__all__ = ["HandlerLedger", "LedgerFullError", "LedgerReader", "LedgerWriter", "committed_lines"]
+__all__ = [
+    "HandlerLedger",
+    "LedgerFullError",
+    "LedgerLine",
+    "LedgerReader",
+    "LedgerWriter",
+    "committed_lines",
+    "read_lines",
+]
 
 DEFAULT_CAPACITY = 1 << 30  # bytes of lines; the file is sparse, so only what is written
 _SLOT = struct.Struct("<QQQ")
@@ -63,6 +75,20 @@ class LedgerFullError(RuntimeError):
     """More lines were appended than the file was sized for."""
 
 
+class LedgerLine(NamedTuple):
+    """One committed line; `value` is "" where the writer noted nothing beside the id."""
+
+    event_id: str
+    target: str
+    value: str
+
+    @classmethod
+    def parse(cls, line: str) -> LedgerLine:
+        event_id, _, rest = line.partition(" ")
+        target, _, value = rest.partition(" ")
+        return cls(event_id, target, value)
+
+
 class LedgerWriter:
     """Appends `event_id target` lines to one ledger file; threads may share it."""
 
@@ -81,9 +107,9 @@ class LedgerWriter:
         self._length, self.lines, self._slot = _committed(self._map[:_HEADER_BYTES])
         self._lock = threading.Lock()
 
-    def append(self, event_id: str, target: str) -> None:
+    def append(self, event_id: str, target: str, value: str = "") -> None:
         """Record one event: its line first, then the commit that covers it."""
-        line = f"{event_id} {target}\n".encode()
+        line = (f"{event_id} {target} {value}\n" if value else f"{event_id} {target}\n").encode()
         with self._lock:
             if self._map is None:
                 raise ValueError(f"{self.path} is closed")
@@ -131,6 +157,22 @@ def committed_lines(path: Path) -> int:
         return 0
 
 
+def _committed_text(path: Path, offset: int) -> tuple[str, int]:
+    """The committed lines of one file from byte `offset` on, and where they end."""
+    with path.open("rb") as handle:
+        length = _committed(handle.read(_HEADER_BYTES))[0]
+        if length <= offset:
+            return "", offset
+        handle.seek(_HEADER_BYTES + offset)
+        return handle.read(length - offset).decode(), length
+
+
+def read_lines(path: Path) -> list[LedgerLine]:
+    """Every line committed to one ledger file, in the order it was appended."""
+    text, _ = _committed_text(path, 0)
+    return [LedgerLine.parse(line) for line in text.splitlines()]
+
+
 _handler_files: dict[Path, LedgerWriter] = {}
 
 
@@ -176,15 +218,11 @@ class LedgerReader:
         return self.lines - before
 
     def _read(self, path: Path) -> None:
-        offset = self._offsets.get(path, 0)
-        with path.open("rb") as handle:
-            length = _committed(handle.read(_HEADER_BYTES))[0]
-            if length <= offset:
-                return
-            handle.seek(_HEADER_BYTES + offset)
-            text = handle.read(length - offset).decode()
+        text, length = _committed_text(path, self._offsets.get(path, 0))
+        if not text:
+            return
         for line in text.splitlines():
-            event_id, _, target = line.partition(" ")
+            event_id, target, _ = LedgerLine.parse(line)
             counts = self.counts.get(target)
             if counts is None:
                 counts = self.counts[target] = Counter()

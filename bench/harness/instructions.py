@@ -1,19 +1,20 @@
 """Instructions per event, counted by valgrind's callgrind: a figure a busy machine does not move.
 
-Each lane runs in its own `python bench/_instructions.py LANE EVENTS [BOOTSTRAP]` under
+Each lane runs in its own `python -m harness.instructions LANE EVENTS [BOOTSTRAP]` under
 callgrind, which dumps its counters whenever `getppid` is entered. The lane calls
 `os.getppid()` right before and right after its measured loop, so the second dump holds
 the loop alone: interpreter start-up, imports and warm-up are left out, and the
 per-event figure is that dump's instruction count over the events. Every thread of the
-process is counted (librdkafka's included); valgrind runs them one at a time.
+process is counted (librdkafka's included); valgrind runs them one at a time. Start-up
+under valgrind (about 10 s of CPU per lane), not the events counted, is most of a lane's
+time, so a quick run counts only a little fewer.
 
-Lanes: `send` and `send_keyed` (`Spool.send()` of 100-byte values, durability process,
-4 partitions), `send_crossing` (`send` into one partition, whose 4 MiB segments fill and
-chain every ~26,000 events, no reader), `produce` and `produce_keyed`
-(`Producer.produce()` into librdkafka's memory, nothing sent), `e2e_spool` (send then
-flush to the broker's acknowledgement, keyed, 12 partitions) and `e2e_producer` (an
-idempotent producer doing the same, with a delivery callback per message, as
-bench/e2e.py's anchor).
+Lanes: `send` (`Spool.send()` of keyless 100-byte values, durability process, 4
+partitions), `send_crossing` (`send` into one partition, whose 4 MiB segments fill and
+chain every ~26,000 events, no reader), `produce` (`Producer.produce()` of the same into
+librdkafka's memory, nothing sent), `e2e_spool` (send then flush to the broker's
+acknowledgement, keyed, 12 partitions) and `e2e_producer` (an idempotent producer doing
+the same, with a delivery callback per message, as bench/e2e.py's anchor).
 """
 
 from __future__ import annotations
@@ -41,11 +42,11 @@ from harness.producer import sender_producer_config
 PAYLOAD = b"v" * 100
 KEYS = [f"user-{i}".encode() for i in range(10_000)]
 WARMUP_EVENTS = 2_000
-_TOTALS = re.compile(rb"^(?:summary|totals): (\d+)", re.MULTILINE)
-
-
 QUICK_EVENTS = 10_000
 FULL_EVENTS = 50_000
+_TOTALS = re.compile(rb"^(?:summary|totals): (\d+)", re.MULTILINE)
+
+Send = Callable[[str, bytes, bytes | None], object]
 
 
 def available() -> bool:
@@ -76,14 +77,14 @@ def per_event(lanes: Sequence[str], events: int, bootstrap: str | None = None) -
 
 def _count(lane: str, events: int, bootstrap: str | None) -> int:
     with tempfile.TemporaryDirectory(prefix="eventspool-callgrind-") as scratch:
-        out = Path(scratch) / "callgrind.out"
         command = [
             "valgrind",
             "--tool=callgrind",
             "--dump-before=getppid",
-            f"--callgrind-out-file={out}",
+            f"--callgrind-out-file={Path(scratch) / 'callgrind.out'}",
             sys.executable,
-            __file__,
+            "-m",
+            "harness.instructions",
             lane,
             str(events),
             *([bootstrap] if bootstrap else []),
@@ -108,13 +109,12 @@ def _measured(loop: Callable[[], None]) -> None:
     os.getppid()
 
 
-def _measure_calls(
-    call: Callable[[str, bytes, bytes | None], object], events: int, keyed: bool
-) -> None:
-    """Warm `call` up, then measure `events` calls of it: the same loop for both sides."""
+def _calls(call: Send, events: int) -> None:
+    """Warm `call` up, then measure `events` keyless calls of it: the same loop for both
+    sides."""
     for i in range(WARMUP_EVENTS):
         call("ipe", PAYLOAD, KEYS[i % 4])
-    keys = [KEYS[i % len(KEYS)] if keyed else None for i in range(events)]
+    keys = [None] * events
 
     def loop() -> None:
         for key in keys:
@@ -123,28 +123,32 @@ def _measure_calls(
     _measured(loop)
 
 
-def _spool_lane(events: int, keyed: bool) -> None:
+def _spool_lane(events: int) -> None:
     with tempfile.TemporaryDirectory() as directory, Spool(directory) as spool:
         spool.set_partition_count("ipe", 4)
-        _measure_calls(spool.send, events, keyed)
+        _calls(spool.send, events)
 
 
 def _crossing_lane(events: int) -> None:
     with tempfile.TemporaryDirectory() as directory, Spool(directory) as spool:
         spool.set_partition_count("ipe", 1)
-        _measure_calls(spool.send, events, keyed=False)
+        _calls(spool.send, events)
 
 
-def _producer_lane(events: int, keyed: bool) -> None:
+def _producer_lane(events: int) -> None:
     producer = Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0})
-    _measure_calls(producer.produce, events, keyed)
+    _calls(producer.produce, events)
     producer.purge()
 
 
-def _e2e_spool_lane(events: int, bootstrap: str) -> None:
-
+def _fresh_topic(bootstrap: str) -> str:
     topic = f"ipe-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic, 12)
+    return topic
+
+
+def _e2e_spool_lane(events: int, bootstrap: str) -> None:
+    topic = _fresh_topic(bootstrap)
     with tempfile.TemporaryDirectory() as directory, Spool(directory, bootstrap) as spool:
         send = spool.send
         for i in range(WARMUP_EVENTS):
@@ -163,20 +167,19 @@ def _e2e_spool_lane(events: int, bootstrap: str) -> None:
 
 
 def _e2e_producer_lane(events: int, bootstrap: str) -> None:
-
-    topic = f"ipe-{uuid.uuid4().hex[:8]}"
-    create_topic(bootstrap, topic, 12)
+    topic = _fresh_topic(bootstrap)
     delivered = [0]
 
     def on_delivery(_error: Any, _message: Any) -> None:
         delivered[0] += 1
 
-    config: dict[str, Any] = {
-        **sender_producer_config(bootstrap),
-        "partitioner": "murmur2_random",
-        "on_delivery": on_delivery,
-    }
-    producer = Producer(config)
+    producer = Producer(
+        {
+            **sender_producer_config(bootstrap),
+            "partitioner": "murmur2_random",
+            "on_delivery": on_delivery,
+        }
+    )
     ids = EventIdGenerator()
     for i in range(WARMUP_EVENTS):
         producer.produce(topic, PAYLOAD, KEYS[i % len(KEYS)], headers=[("event_id", ids.next_id())])
@@ -199,20 +202,20 @@ def _e2e_producer_lane(events: int, bootstrap: str) -> None:
     _measured(loop)
 
 
+_LANES: dict[str, Callable[[int, list[str]], None]] = {
+    "send": lambda events, _: _spool_lane(events),
+    "send_crossing": lambda events, _: _crossing_lane(events),
+    "produce": lambda events, _: _producer_lane(events),
+    "e2e_spool": lambda events, rest: _e2e_spool_lane(events, rest[0]),
+    "e2e_producer": lambda events, rest: _e2e_producer_lane(events, rest[0]),
+}
+
+
 def main(argv: Sequence[str]) -> int:
-    lane, events = argv[0], int(argv[1])
-    if lane in ("send", "send_keyed"):
-        _spool_lane(events, keyed=lane == "send_keyed")
-    elif lane == "send_crossing":
-        _crossing_lane(events)
-    elif lane in ("produce", "produce_keyed"):
-        _producer_lane(events, keyed=lane == "produce_keyed")
-    elif lane == "e2e_spool":
-        _e2e_spool_lane(events, argv[2])
-    elif lane == "e2e_producer":
-        _e2e_producer_lane(events, argv[2])
-    else:
+    lane, events, *rest = argv
+    if lane not in _LANES:
         raise SystemExit(f"unknown lane {lane!r}")
+    _LANES[lane](int(events), rest)
     return 0
 
 

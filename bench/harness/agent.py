@@ -1,0 +1,26 @@
+"""The agent a bench measures: `eventspool agent` on its defaults, as its own process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eventspool.config import SpoolSettings
+from eventspool.testing.agent import AgentProcess
+
+START_TIMEOUT_S = 30.0
+
+
+def start_agent(directory: Path, bootstrap: str, extra: str = "") -> AgentProcess:
+    """`eventspool agent` in `directory` on its defaults (the spool's own max_event_bytes
+    too, not the test default), `extra` being more [agent] keys, then tables such as
+    [[access]]; returns once it answers. The caller stops it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    agent = AgentProcess(
+        directory,
+        bootstrap,
+        extra,
+        spool_dir=directory / "agent-spool",
+        max_event_bytes=SpoolSettings().max_event_bytes,
+    )
+    agent.start_answering(START_TIMEOUT_S)
+    return agent
