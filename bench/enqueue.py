@@ -20,7 +20,12 @@ What one run measures (each figure is the median over the repetitions):
    after every pass, untimed, so every pass starts from an empty queue.
 4. Instructions per event, counted by callgrind (bench/harness/instructions.py) for
    `Spool.send()` and `produce()` keyless: a figure that a busy machine does not move
-   (a quick run counts fewer events per lane).
+   (a quick run counts fewer events per lane); and for `Spool.send()` into one partition
+   whose 4 MiB segments fill and chain.
+5. Appends that cross segment boundaries: keyless sends to one partition with 4 MiB
+   segments while a drainer thread (standing in for the sender) keeps two segments of
+   backlog, so the queue moves to a new segment every ~26k events; against the same
+   sends and drainer on one 256 MiB segment, which wraps and never chains.
 
 Nothing sends the spool's events anywhere, so its rings would fill. There is no
 concurrent drainer here: every ring has room for a whole pass (at most half of the
@@ -44,6 +49,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import threading
 import time
 from array import array
 from collections.abc import Callable
@@ -76,7 +82,7 @@ USERS = [f"user-{i}".encode() for i in range(KEY_SPACE)]
 THREAD_COUNTS = (1, 4)
 KEY_MODES = ("keyless", "keyed")
 CONFIGS = [(mode, threads) for mode in KEY_MODES for threads in THREAD_COUNTS]
-CAPACITY_BYTES = 32 * MIB  # the default QueueSettings capacity
+CAPACITY_BYTES = 32 * MIB  # one ring per partition, as before queues had segments
 DURABILITIES = (Durability.PROCESS, Durability.FSYNC)
 PAGE_BYTES = 4096
 PRODUCE = "confluent_kafka produce(), memory only"
@@ -264,7 +270,10 @@ def measure(
 
 def open_spool(directory: Path, durability: Durability, profile: Profile) -> tuple[Spool, Target]:
     settings = QueueSettings(
-        capacity_bytes=CAPACITY_BYTES, durability=durability, full_policy=FullPolicy.REJECT
+        capacity_bytes=CAPACITY_BYTES,
+        segment_bytes=CAPACITY_BYTES,
+        durability=durability,
+        full_policy=FullPolicy.REJECT,
     )
     spool = Spool(directory, settings=SpoolSettings(queue=settings))
     fits = fitting_events(PARTITIONS, CAPACITY_BYTES, len(b"user-9999") + PAYLOAD_BYTES)
@@ -296,11 +305,90 @@ def warm_rings(spool: Spool, target: Target) -> int:
     """Write every ring through one full lap, so no measured pass hits a fresh page."""
     sent = 0
     for chunk_index in range(64):
-        tails = [ref.ring.stats().tail_position for ref in spool.queues()]
+        tails = [ref.ring.write_core.tail for ref in spool.queues()]
         if min(tails) >= CAPACITY_BYTES + 8 * PAGE_BYTES:
             return sent
         sent += target.send(KEY_MODES[chunk_index % 2], target.max_pass_events).events
     raise RuntimeError("the rings did not wrap during the warm-up")
+
+
+# ---- appends that cross segment boundaries -------------------------------------------
+
+CROSSING_SEGMENT_BYTES = 4 * MIB  # the default segment_bytes
+STEADY_SEGMENT_BYTES = 256 * MIB
+BACKLOG_SEGMENTS = 2
+
+
+class Drainer(threading.Thread):
+    """Reads and acknowledges a queue as the sender would, leaving `keep` records queued."""
+
+    def __init__(self, spool: Spool, keep: int) -> None:
+        super().__init__(daemon=True)
+        self._spool = spool
+        self._keep = keep
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if not self.drain_once():
+                time.sleep(0.0002)
+
+    def drain_once(self) -> int:
+        """Acknowledge one batch of what is over `keep`; how many records."""
+        (ref,) = self._spool.queues()
+        queue = ref.ring
+        excess = queue.depth - self._keep
+        batch = queue.read_batch(min(excess, 20_000), 64 * MIB) if excess > 0 else []
+        if batch:
+            queue.ack(batch[-1].seq)
+        return len(batch)
+
+
+def crossing_lanes(directory: Path, profile: Profile, repeats: int, runs: Runs) -> dict[str, int]:
+    """Rates of sends that cross segment boundaries and of the same sends that do not.
+
+    Each queue keeps its backlog of two segments between passes too, as under a
+    sustained backlog: the crossing lane's emptied segments are recycled, not remade.
+    """
+    events = profile.max_pass_events // 3
+    frame = frame_size(FIXED_SIZE + PAYLOAD_BYTES)
+    keep = BACKLOG_SEGMENTS * CROSSING_SEGMENT_BYTES // frame
+    lanes = {"crossing": CROSSING_SEGMENT_BYTES, "steady_backlog": STEADY_SEGMENT_BYTES}
+    spools: dict[str, Spool] = {}
+    sent = dict.fromkeys(lanes, 0)
+    keys = key_lists("keyless", events, 1)
+    try:
+        for name, segment in lanes.items():
+            queue = QueueSettings(capacity_bytes=2048 * MIB, segment_bytes=segment)
+            spools[name] = spool = Spool(directory / name, settings=SpoolSettings(queue=queue))
+            spool.set_partition_count(TOPIC, 1)
+            # Warm: the steady ring written through once, the backlog in place.
+            for _ in range(STEADY_SEGMENT_BYTES // (events * frame) + 2):
+                sent[name] += run_pass(spool.send, keys, timed=False).events
+                while Drainer(spool, keep).drain_once():
+                    pass
+        for rep in range(repeats):
+            for name, spool in spools.items():
+                drainer = Drainer(spool, keep)
+                drainer.start()
+                result = run_pass(spool.send, keys, timed=False)
+                drainer.stop.set()
+                drainer.join()
+                while drainer.drain_once():
+                    pass
+                sent[name] += result.events
+                runs.add(f"spool_{name}_rate", result.rate)
+                progress(f"rep {rep + 1}/{repeats} {name}: {result.rate:,.0f} events/s")
+        for name, spool in spools.items():
+            expect_emptied(spool, keep)
+            (ref,) = spool.queues()
+            if ref.ring.next_seq != sent[name]:
+                raise RuntimeError(f"{name}: sent {sent[name]}, queued {ref.ring.next_seq}")
+    finally:
+        for spool in spools.values():
+            spool.close()
+    chained = repeats * events * frame // CROSSING_SEGMENT_BYTES
+    return {"events_per_pass": events, "backlog_records": keep, "segments_chained": chained}
 
 
 def anchor_target(profile: Profile) -> tuple[Target, Any, list[int]]:
@@ -386,6 +474,11 @@ def run(args: BenchArgs) -> dict[str, object]:
             progress(f"anchor warm-up: {warm.events:,} messages at {warm.rate:,.0f}/s, purged")
             measure([target, anchor], profile, args.repeats, runs=runs, sizes=sizes)
 
+        # Appends that cross segment boundaries, against the same appends in one ring.
+        facts["crossing"] = crossing_lanes(
+            session.scratch / "crossing", profile, args.repeats, runs
+        )
+
         # 2. fsync durability: the same (now warm) ring files, reopened; and the disk's
         # own fdatasync in the spool's directory, one probe at the start of each
         # repetition, so that both see the same disk weather.
@@ -411,7 +504,7 @@ def run(args: BenchArgs) -> dict[str, object]:
     if instructions.available():
         events = instructions.QUICK_EVENTS if args.quick else instructions.FULL_EVENTS
         progress(f"instructions per event under callgrind ({events:,} events per lane)")
-        counts = instructions.per_event(["send", "produce"], events)
+        counts = instructions.per_event(["send", "produce", "send_crossing"], events)
         progress(f"instructions per event: {counts}")
     facts["anchor_errors"] = anchor_errors[0]
     return build_result(profile, runs, sizes=sizes, facts=facts, session=session, counts=counts)
@@ -507,6 +600,19 @@ def build_result(
         ),
         "cold_first_pass_rate": round(facts["cold_first_pass_rate"]),
         "cold_first_pass_vs_warm_ratio": safe_ratio(facts["cold_first_pass_rate"], ours, 3),
+        "crossing_vs_steady_ratio": safe_ratio(
+            m["spool_crossing_rate"], m["spool_steady_backlog_rate"], 3
+        ),
+        "crossing": facts["crossing"],
+        **(
+            {
+                "crossing_vs_steady_instructions_ratio": safe_ratio(
+                    counts["send_crossing"], counts["send"], 3
+                )
+            }
+            if counts
+            else {}
+        ),
         "anchor_cold_first_pass_rate": round(facts["anchor_cold_first_pass_rate"]),
         "payload_bytes": PAYLOAD_BYTES,
         "key_space": KEY_SPACE,

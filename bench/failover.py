@@ -88,7 +88,7 @@ from eventspool.envelope import EventIdGenerator
 from eventspool.errors import SpoolFullError
 from eventspool.pipeline import Spool
 from eventspool.spool.partitioner import partition_for_key
-from eventspool.spool.ring import RingQueue
+from eventspool.spool.segments import SegmentedQueue
 from eventspool.testing.ledger import LedgerReader, LedgerWriter
 from eventspool.verify import ledger
 from harness.child import Child, child_arguments
@@ -220,7 +220,9 @@ def paced(
 
 
 @contextmanager
-def head_logs(rings: Mapping[int, RingQueue]) -> Iterator[dict[int, tuple[array[int], array[int]]]]:
+def head_logs(
+    rings: Mapping[int, SegmentedQueue],
+) -> Iterator[dict[int, tuple[array[int], array[int]]]]:
     """Each ring's (times read, heads) at every change of its head_seq: a thread reads
     them every HEAD_POLL_S while the block runs, and once more at its end."""
     logs = {

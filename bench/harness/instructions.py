@@ -10,10 +10,11 @@ under valgrind (about 10 s of CPU per lane), not the events counted, is most of 
 time, so a quick run counts only a little fewer.
 
 Lanes: `send` (`Spool.send()` of keyless 100-byte values, durability process, 4
-partitions), `produce` (`Producer.produce()` of the same into librdkafka's memory,
-nothing sent), `e2e_spool` (send then flush to the broker's acknowledgement, keyed, 12
-partitions) and `e2e_producer` (an idempotent producer doing the same, with a delivery
-callback per message, as bench/e2e.py's anchor).
+partitions), `send_crossing` (`send` into one partition, whose 4 MiB segments fill and
+chain every ~26,000 events, no reader), `produce` (`Producer.produce()` of the same into
+librdkafka's memory, nothing sent), `e2e_spool` (send then flush to the broker's
+acknowledgement, keyed, 12 partitions) and `e2e_producer` (an idempotent producer doing
+the same, with a delivery callback per message, as bench/e2e.py's anchor).
 """
 
 from __future__ import annotations
@@ -128,6 +129,12 @@ def _spool_lane(events: int) -> None:
         _calls(spool.send, events)
 
 
+def _crossing_lane(events: int) -> None:
+    with tempfile.TemporaryDirectory() as directory, Spool(directory) as spool:
+        spool.set_partition_count("ipe", 1)
+        _calls(spool.send, events)
+
+
 def _producer_lane(events: int) -> None:
     producer = Producer({"bootstrap.servers": "127.0.0.1:9", "log_level": 0})
     _calls(producer.produce, events)
@@ -197,6 +204,7 @@ def _e2e_producer_lane(events: int, bootstrap: str) -> None:
 
 _LANES: dict[str, Callable[[int, list[str]], None]] = {
     "send": lambda events, _: _spool_lane(events),
+    "send_crossing": lambda events, _: _crossing_lane(events),
     "produce": lambda events, _: _producer_lane(events),
     "e2e_spool": lambda events, rest: _e2e_spool_lane(events, rest[0]),
     "e2e_producer": lambda events, rest: _e2e_producer_lane(events, rest[0]),

@@ -37,7 +37,8 @@ def compared_settings() -> dict[str, object]:
     return {
         "spool": {
             "durability": queue.durability.value,
-            "capacity_bytes_per_ring": queue.capacity_bytes,
+            "capacity_bytes_per_queue": queue.capacity_bytes,
+            "segment_bytes": queue.segment_bytes,
             "full_policy": queue.full_policy.value,
         },
         "anchor_producer": {key: value for key, value in anchor.items() if not callable(value)},

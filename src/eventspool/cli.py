@@ -125,6 +125,7 @@ def _report_json(report: SpoolReport) -> dict[str, object]:
             {
                 "topic": q.topic,
                 "partition": q.partition,
+                "segment": q.segment,
                 "path": str(q.path),
                 "error": q.error,
                 "stats": asdict(q.stats) if q.stats else None,
@@ -140,6 +141,8 @@ _COLUMNS = ("QUEUE", "DEPTH", "BYTES", "OLDEST", "HEAD", "NEXT", "DROPPED", "SKI
 
 def _row(q: QueueReport) -> tuple[str, ...]:
     name = f"{q.topic}/{'pending' if q.partition is None else q.partition}"
+    if q.segment:
+        name += f" segment {q.segment}"
     if q.stats is None or q.recovery is None:
         return (name, "-", "-", "-", "-", "-", "-", "-", f"ERROR {q.error}")
     s, r = q.stats, q.recovery

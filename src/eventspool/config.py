@@ -40,16 +40,22 @@ class FullPolicy(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class QueueSettings:
-    """Settings of every ring of one topic."""
+    """Settings of every queue of one topic.
 
-    capacity_bytes: int = 32 * MIB
+    A queue is a chain of segment files of `segment_bytes` each (spool/segments.py): one
+    at rest, more under a backlog, up to `capacity_bytes` of records.
+    """
+
+    capacity_bytes: int = 2048 * MIB
+    segment_bytes: int = 4 * MIB
     durability: Durability = Durability.PROCESS
     full_policy: FullPolicy = FullPolicy.REJECT
     block_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.capacity_bytes < 64 * 1024:
-            raise ValueError(f"capacity_bytes={self.capacity_bytes}: must be at least 65536")
+        for name in ("capacity_bytes", "segment_bytes"):
+            if getattr(self, name) < 64 * 1024:
+                raise ValueError(f"{name}={getattr(self, name)}: must be at least 65536")
         if not 0 <= self.block_timeout_s < math.inf:
             raise ValueError(
                 f"block_timeout_s={self.block_timeout_s}: must be finite and not negative"
@@ -86,10 +92,11 @@ class SpoolSettings:
             if limit is not None and (isinstance(limit, bool) or limit < 1):
                 raise ValueError(f"{name}={limit}: must be positive (or None for no limit)")
         for name, queue in {"default": self.queue, **self.topics}.items():
-            if self.max_event_bytes > queue.capacity_bytes // 4:
+            segment = min(queue.capacity_bytes, queue.segment_bytes)
+            if self.max_event_bytes > segment // 4:
                 raise ValueError(
                     f"max_event_bytes={self.max_event_bytes} does not fit four times in the "
-                    f"queue capacity of topic {name!r} ({queue.capacity_bytes} bytes)"
+                    f"queue capacity of topic {name!r} ({segment} bytes per segment)"
                 )
 
     def for_topic(self, topic: str) -> QueueSettings:

@@ -45,6 +45,16 @@ class SpoolCollector(Collector):
         size = GaugeMetricFamily(
             "eventspool_queue_bytes", "Bytes held by unacknowledged events.", labels=labels
         )
+        files = GaugeMetricFamily(
+            "eventspool_queue_file_bytes",
+            "Bytes the queue's segment files take on disk (counted in the disk budget).",
+            labels=labels,
+        )
+        segments = GaugeMetricFamily(
+            "eventspool_queue_segments",
+            "Segment files of the queue: one at rest, more while it holds a backlog.",
+            labels=labels,
+        )
         age = GaugeMetricFamily(
             "eventspool_queue_oldest_unsent_seconds",
             "Age of the oldest unacknowledged event.",
@@ -52,7 +62,7 @@ class SpoolCollector(Collector):
         )
         enqueued = CounterMetricFamily(
             "eventspool_events_enqueued",
-            "Events written to the queue over its file's life.",
+            "Events written to the queue over its files' life.",
             labels=labels,
         )
         acked = CounterMetricFamily(
@@ -70,12 +80,14 @@ class SpoolCollector(Collector):
             key = [ref.topic, "pending" if ref.partition is None else str(ref.partition)]
             depth.add_metric(key, stats.depth)
             size.add_metric(key, stats.bytes)
+            files.add_metric(key, stats.allocated_bytes)
+            segments.add_metric(key, stats.segments)
             age.add_metric(key, (stats.oldest_age_ms or 0) / 1000)
             enqueued.add_metric(key, stats.next_seq)
             acked.add_metric(key, stats.head_seq - stats.dropped)
             dropped.add_metric([*key, "drop_oldest"], stats.dropped)
             dropped.add_metric([*key, "recovery_skipped"], stats.skipped_total)
-        yield from (depth, size, age, enqueued, acked, dropped)
+        yield from (depth, size, files, segments, age, enqueued, acked, dropped)
         routed = CounterMetricFamily(
             "eventspool_exchange_routed",
             "Events an exchange wrote to the topics bound to it (once per event, not per topic).",

@@ -32,7 +32,8 @@ from eventspool.sender.sender import Sender
 from eventspool.spool.budget import BudgetUse
 from eventspool.spool.lock import OwnerLock
 from eventspool.spool.registry import QueueRef, QueueRegistry, TopicQueues
-from eventspool.spool.ring import RecoveryReport, RingQueue
+from eventspool.spool.ring import RecoveryReport
+from eventspool.spool.segments import SegmentedQueue
 from eventspool.wire.checks import bad_value, one_target, text_key
 
 log = logging.getLogger(__name__)
@@ -283,7 +284,7 @@ class Spool(SpoolFront):
                 return remaining
             time.sleep(_FLUSH_POLL_S)
 
-    def _flush_targets(self) -> list[tuple[RingQueue, int]]:
+    def _flush_targets(self) -> list[tuple[SegmentedQueue, int]]:
         return [(ref.ring, ref.ring.next_seq) for ref in self._registry.refs()]
 
     def close(self, timeout: float = 10.0) -> None:

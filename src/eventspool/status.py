@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_COLUMNS = ("QUEUE", "DEPTH", "OLDEST", "IN/S", "OUT/S", "DROPPED", "SKIPPED")
+_COLUMNS = ("QUEUE", "DEPTH", "OLDEST", "IN/S", "OUT/S", "DROPPED", "SKIPPED", "FILES")
 _MIB = 1024 * 1024
 
 
@@ -18,6 +18,12 @@ def _budget_line(budget: dict[str, Any]) -> str:
         f"{'no limit' if not limit else f'{limit / _MIB:.0f} MiB'}{share}   topics: {topics}   "
         f"refused: {budget['refusals']}"
     )
+
+
+def _files(queue: dict[str, Any]) -> str:
+    """Disk taken by the queue's segment files, and how many there are."""
+    count = queue["segments"]
+    return f"{queue['allocated_bytes'] / _MIB:.1f} MiB in {count} segment{'s' * (count != 1)}"
 
 
 def render_status(before: dict[str, Any], after: dict[str, Any], interval: float) -> str:
@@ -38,6 +44,7 @@ def render_status(before: dict[str, Any], after: dict[str, Any], interval: float
                 f"{acked_out:.0f}",
                 str(queue["dropped"]),
                 str(queue["skipped_total"]),
+                _files(queue),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]

@@ -34,6 +34,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CORE_TESTS = (
     "tests/test_envelope.py",
     "tests/spool/test_ring_model.py",
+    "tests/spool/test_segments.py",
+    "tests/spool/test_segments_model.py",
+    "tests/spool/test_segments_recovery.py",
     "tests/spool/test_partitioner.py",
     "tests/spool/test_ring_concurrency.py",
     "tests/spool/test_recovery_fuzz.py",

@@ -1,13 +1,14 @@
 """Child processes for the fault-injection tests: writers meant to die by SIGKILL.
 
 Run from the repository root as ``python -m tests.fault.spool_writer LEDGER ring PATH
-SEED`` or ``LEDGER spool DIR START SEED`` (see `tests.fault.children`), or as
-``disk-full DIR LIMIT``. A killed writer prints ``R <n>`` once its queue is open
-(producing starts with counter n), then appends each step to LEDGER after the operation
-it reports has returned, so the parent knows exactly what was acknowledged when the kill
-landed:
+SEED``, ``LEDGER segments DIR KIND AT SEED`` or ``LEDGER spool DIR START SEED`` (see
+`tests.fault.children`), or as ``disk-full DIR LIMIT``. A killed writer prints ``R <n>``
+once its queue is open (producing starts with counter n), then appends each step to
+LEDGER after the operation it reports has returned, so the parent knows exactly what was
+acknowledged when the kill landed:
 
-    <counter> ring <seq>              ring mode: the append of that counter returned seq
+    <counter> ring <seq>              ring and segments modes: the append of that counter
+                                      returned seq
     <event_id> crash-topic <counter>  spool mode: the send of that counter returned event_id
     <counter> ack-begun <p>           about to acknowledge partition p up to that counter
     <counter> acked <p>               that acknowledgement has returned
@@ -19,20 +20,27 @@ can tell an intact record from a torn, stale or invented one.
 from __future__ import annotations
 
 import json
+import os
 import random
 import resource
 import signal
 import struct
 import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from eventspool.clock import SYSTEM_CLOCK
 from eventspool.config import QueueSettings, SpoolSettings
 from eventspool.envelope import decode
 from eventspool.errors import QueueFileError
 from eventspool.pipeline import Spool
-from eventspool.spool.ring import RingQueue
+from eventspool.spool.ring import Record, RingQueue
+from eventspool.spool.segments import Background, SegmentedQueue
 from eventspool.testing.ledger import LedgerWriter
 from tests.fault.children import emit
+from tests.spool.segment_support import Space
 
 KIB = 1024
 RING_CAPACITY = 256 * KIB
@@ -51,6 +59,31 @@ KEY_SPACE = 13
 
 _MAGIC = b"CTR1"
 _HEAD = struct.Struct("<4sQI")
+
+
+SEGMENT_BYTES = 64 * KIB
+SEGMENTS_MAX = 12
+SEGMENTS_HIGH_WATER = 200  # about four segments of records
+SEGMENTS_LOW_WATER = 20
+
+
+def segment_settings() -> QueueSettings:
+    """Segments small enough that a few hundred appends chain and delete several."""
+    return QueueSettings(capacity_bytes=SEGMENTS_MAX * SEGMENT_BYTES, segment_bytes=SEGMENT_BYTES)
+
+
+def open_segments(
+    directory: Path, space: Space | None = None, background: Background | None = None
+) -> SegmentedQueue:
+    return SegmentedQueue(
+        directory,
+        "0",
+        segment_settings(),
+        space or Space(),
+        SYSTEM_CLOCK,
+        max_payload=4 * KIB,
+        background=background,
+    )
 
 
 def ring_settings() -> QueueSettings:
@@ -110,6 +143,76 @@ def run_ring(ledger: LedgerWriter, path: Path, seed: int) -> None:
             last = batch[-1].seq
             ledger.append(str(last), ACK_BEGUN, "0")
             ring.ack(last)
+            ledger.append(str(last), ACKED, "0")
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _KillingSpace(Space):
+    """The disk budget as the queue sees it, killing this process in the `at`-th segment
+    creation (`create`) or deletion (`delete`): before, during or after the file work."""
+
+    def __init__(self, kind: str, at: int, rng: random.Random) -> None:
+        super().__init__()
+        self.kind, self.at, self._rng = kind, at, rng
+        self.grown = self.deleted = 0
+
+    def grow(self, path: Path, size: int, make: Callable[[], None]) -> int | None:
+        self.grown += 1
+        if self.kind != "create" or self.grown != self.at:
+            return super().grow(path, size, make)
+        moment = self._rng.choice(("before", "during", "after"))
+        if moment == "before":
+            _die()
+        if moment == "during":
+            threading.Timer(self._rng.uniform(0, 0.003), _die).start()
+        super().grow(path, size, make)
+        while True:
+            _die()
+
+    def deleting(self) -> None:
+        """An acknowledgement that deletes a segment is about to start."""
+        self.deleted += 1
+        if self.kind == "delete" and self.deleted == self.at:
+            if self._rng.random() < 0.5:
+                threading.Timer(self._rng.uniform(0, 0.001), _die).start()
+            else:
+                self.kind = "delete-after-unlink"
+
+    def removed(self, allocated: int) -> None:
+        super().removed(allocated)
+        if self.kind == "delete-after-unlink":
+            _die()
+
+
+def run_segments(ledger: LedgerWriter, directory: Path, kind: str, at: int, seed: int) -> None:
+    """run_ring over a chain of small segments, killed inside a segment's creation or
+    deletion (see _KillingSpace), so the chain grows and shrinks by several each lap.
+    Spares are made on a background thread, as in a spool, so a creation killed may be
+    a spare's, and a deletion a recycling."""
+    rng = random.Random(seed)
+    space = _KillingSpace(kind, at, rng)
+    queue = open_segments(directory, space, ThreadPoolExecutor(1).submit)
+    counter = queue.next_seq
+    emit(f"R {counter}")
+    while True:
+        seq = queue.append(make_payload(counter, rng.randrange(MAX_PADDING)))
+        ledger.append(str(counter), RING, str(seq))
+        counter += 1
+        if queue.depth > SEGMENTS_HIGH_WATER:
+            queue.rewind()
+            batch: list[Record] = []
+            while len(batch) < queue.depth - SEGMENTS_LOW_WATER:
+                batch += queue.read_batch(queue.depth - SEGMENTS_LOW_WATER - len(batch), 1 << 30)
+            for record in batch:
+                if parse_payload(record.payload) != record.seq:
+                    raise SystemExit(f"record {record.seq} reads back as another counter")
+            last = batch[-1].seq
+            ledger.append(str(last), ACK_BEGUN, "0")
+            space.deleting()
+            queue.ack(last)
             ledger.append(str(last), ACKED, "0")
 
 
@@ -179,6 +282,8 @@ def main(argv: list[str]) -> None:
     ledger = LedgerWriter(Path(ledger_path))
     if mode == "ring":
         run_ring(ledger, Path(target), int(rest[0]))
+    elif mode == "segments":
+        run_segments(ledger, Path(target), rest[0], int(rest[1]), int(rest[2]))
     elif mode == "spool":
         run_spool(ledger, Path(target), int(rest[0]), int(rest[1]))
     else:

@@ -275,6 +275,52 @@ def test_send_latency_holds_and_nothing_is_lost_through_a_broker_outage(
     assert not unknown, f"{len(unknown)} records nobody sent, e.g. {sorted(unknown)[:3]}"
 
 
+BURST_BYTES = 1 << 30
+BURST_VALUE = 16 * 1024
+
+
+def test_a_1_gib_burst_while_the_broker_is_away_is_kept_then_drained(
+    proxied_broker: ProxiedBroker, tmp_path: Path, record_property: RecordProperty
+) -> None:
+    """1 GiB to one partition with the broker unreachable, default settings: every send
+    is accepted (the queue chains segments within the 4 GiB budget), everything reaches
+    Kafka once it is back, and the queue's files shrink back to one segment."""
+    topic = "burst"
+    create_topic(proxied_broker.bootstrap_servers, topic, 1)
+    directory = tmp_path / "spool"
+    with Spool(directory, proxied_broker.bootstrap_servers) as spool:
+        ids = {spool.send(topic, b"warm-up")}
+        assert spool.flush(30) == 0, "the sender never delivered through the proxy"
+        (ref,) = spool.queues()
+        at_rest = ref.ring.stats().allocated_bytes
+        proxied_broker.proxy.cut()
+        filler = b"x" * (BURST_VALUE - 8)
+        for i in range(BURST_BYTES // BURST_VALUE):
+            ids.add(spool.send(topic, b"%08d" % i + filler))
+        peak = ref.ring.stats()
+        budget = spool.budget()
+        record_property("segments_at_peak", peak.segments)
+        record_property("file_mib_at_peak", peak.allocated_bytes >> 20)
+        assert peak.depth == BURST_BYTES // BURST_VALUE
+        assert BURST_BYTES < peak.allocated_bytes <= budget.used_bytes  # a spare may be coming
+        assert budget.max_bytes is not None and budget.used_bytes <= budget.max_bytes
+        proxied_broker.proxy.restore()
+        drain_started = time.monotonic()
+        assert spool.flush(600) == 0
+        record_property("drain_s", round(time.monotonic() - drain_started, 1))
+        after = ref.ring.stats()
+        assert after.segments == 1 and after.allocated_bytes == at_rest
+        deadline = time.monotonic() + 10  # a spare still being made is deleted when done
+        while spool.budget().used_bytes != at_rest:
+            assert time.monotonic() < deadline, f"{spool.budget()} at rest"
+            time.sleep(0.01)
+    files = list((directory / "topics" / topic).iterdir())
+    assert sum(f.stat().st_blocks * 512 for f in files) == at_rest
+    consumed = consume_event_ids(proxied_broker.bootstrap_servers, topic, 1, ids, deadline_s=300)
+    missing = ids - consumed.ids
+    assert not missing, f"{len(missing)} of {len(ids)} events lost"
+
+
 # ---- b. SIGKILL of the sending process ----------------------------------------------
 
 KILL_CYCLES = 10

@@ -25,9 +25,10 @@ from hypothesis import strategies as st
 from eventspool._core.native import crc32c
 from eventspool.config import QueueSettings, SpoolSettings
 from eventspool.envelope import decode
-from eventspool.errors import CorruptQueueError, QueueFileError
+from eventspool.errors import CorruptQueueError, DiskFullError, QueueFileError
 from eventspool.pipeline import Spool
 from eventspool.spool.ring import HEADER_SIZE, RingQueue, frame_size
+from eventspool.spool.segments import SegmentedQueue
 from tests.conftest import SmallDiskFactory
 
 pytestmark = pytest.mark.fault
@@ -90,7 +91,7 @@ def write_ring(path: Path, records: list[bytes]) -> None:
             ring.append(record)
 
 
-def read_all(ring: RingQueue) -> list[bytes]:
+def read_all(ring: RingQueue | SegmentedQueue) -> list[bytes]:
     ring.rewind()
     out: list[bytes] = []
     while batch := ring.read_batch(max_records=10_000, max_bytes=1 << 30):
@@ -552,3 +553,36 @@ def test_an_existing_queue_keeps_taking_events_on_a_full_tmpfs(small_tmpfs: Path
     with Spool(small_tmpfs, settings=settings) as spool:
         assert spool.recovery_reports() == {}
         assert _spool_events(spool, "first") == ids
+
+
+def test_a_segment_that_does_not_fit_on_a_full_tmpfs_fails_cleanly(small_tmpfs: Path) -> None:
+    """A backlog needs a new segment on a full disk: a clean DiskFullError for the event
+    that needed it, no SIGBUS, nothing queued lost, no partial file; the queue grows
+    once there is space again and takes events meanwhile wherever its segment has room."""
+    queue = QueueSettings(capacity_bytes=8 * 256 * 1024, segment_bytes=256 * 1024)
+    settings = SpoolSettings(max_event_bytes=4096, queue=queue)
+    with Spool(small_tmpfs, settings=settings) as spool:
+        spool.set_partition_count("burst", 1)
+        ids = [spool.send("burst", b"%06d" % 0 + b"." * 994)]
+        fd = os.open(small_tmpfs / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            with pytest.raises(OSError, match="No space left"):
+                while True:
+                    os.write(fd, bytes(65536))
+        finally:
+            os.close(fd)
+        with pytest.raises(DiskFullError, match="no space left on device") as caught:
+            while True:
+                ids.append(spool.send("burst", b"%06d" % len(ids) + b"." * 994))
+        assert caught.value.path == str(small_tmpfs / "topics" / "burst" / "0.1.queue")
+        assert len(ids) > 200
+        assert _queue_files(small_tmpfs) == ["topics/burst/0.queue"]
+        assert _spool_events(spool, "burst") == ids
+        (small_tmpfs / "filler").unlink()
+        ids += [spool.send("burst", b"%06d" % len(ids) + b"." * 994) for _ in range(300)]
+        assert _queue_files(small_tmpfs) == [
+            f"topics/burst/{name}.queue" for name in ("0.1", "0.2", "0")
+        ]
+    with Spool(small_tmpfs, settings=settings) as spool:
+        assert spool.recovery_reports() == {}
+        assert _spool_events(spool, "burst") == ids

@@ -31,6 +31,7 @@ from tests.fault.spool_writer import (
     SPOOL_TOPIC,
     headers_for,
     key_for,
+    open_segments,
     parse_payload,
     ring_settings,
     spool_settings,
@@ -108,6 +109,66 @@ def test_ring_survives_sigkill_at_random_moments(tmp_path: Path) -> None:
     finally:
         ring.close()
     assert laps >= 10, f"seed {seed}: the ring wrapped only {laps} times"
+
+
+SEGMENT_CYCLES = 50
+
+
+@pytest.mark.parametrize("kind", ["create", "delete"])
+def test_segments_survive_sigkill_while_created_or_deleted(tmp_path: Path, kind: str) -> None:
+    """Killed inside a segment's creation or deletion (before, during or after the file
+    work): every acknowledged append is found once, in order, nothing acknowledged
+    comes back, no leftover file, and the chain still grows and shrinks."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    head = next_seq = 0
+    most_segments = 0
+    for cycle in range(SEGMENT_CYCLES):
+        where = f"seed {seed}, {kind}, cycle {cycle}"
+        report = run_and_kill(
+            "tests.fault.spool_writer",
+            ["segments", str(tmp_path), kind, str(rng.randint(1, 4)), str(rng.getrandbits(32))],
+            until=lambda _reader, process: process.wait(60),
+        )
+        assert report.start == next_seq, f"{where}: the writer found another queue end"
+        done_ack = intent_ack = head - 1
+        last_appended = report.start - 1
+        for line in report.acknowledged:
+            if line.target == RING:
+                seq = int(line.value)
+                assert seq == last_appended + 1, f"{where}: append order {line}"
+                last_appended = seq
+            elif line.target == ACK_BEGUN:
+                intent_ack = int(line.event_id)
+            elif line.target == ACKED:
+                done_ack = int(line.event_id)
+            else:
+                raise AssertionError(f"{where}: unexpected line {line}")
+        with open_segments(tmp_path) as queue:
+            recovery = queue.recovery
+            queue_files = sorted(p.name for p in tmp_path.iterdir())
+            segments = queue.segments
+            records = []
+            while batch := queue.read_batch(10_000, 1 << 30):
+                records.extend(batch)
+            end = queue.next_seq
+        assert recovery.skipped_records == 0 and not recovery.corrupt_tail, f"{where}: {recovery}"
+        assert len(queue_files) == segments, f"{where}: files {queue_files}"  # no spare
+        for record in records:
+            assert parse_payload(record.payload) == record.seq, f"{where}: record {record.seq}"
+        seqs = [record.seq for record in records]
+        first = seqs[0] if seqs else end
+        assert seqs == list(range(first, end)), f"{where}: sequences not contiguous"
+        assert done_ack + 1 <= first <= intent_ack + 1, (
+            f"{where}: queue starts at {first}, acks reported {done_ack}, begun {intent_ack}"
+        )
+        assert last_appended + 1 <= end <= last_appended + 2, (
+            f"{where}: {last_appended + 1} appends reported but the queue ends at {end}"
+        )
+        head, next_seq = first, end
+        most_segments = max(most_segments, segments)
+    assert next_seq > 200 * SEGMENT_CYCLES // 4, f"seed {seed}: only {next_seq} appends"
+    assert most_segments >= 3, f"seed {seed}: the chain never grew"
 
 
 @dataclass

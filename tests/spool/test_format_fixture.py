@@ -19,6 +19,7 @@ from eventspool import Spool
 from eventspool.broker import LocalBroker, create_topic
 from eventspool.config import FullPolicy, QueueSettings, SpoolSettings
 from eventspool.envelope import decode
+from eventspool.errors import QueueFileError
 from eventspool.verify import consume_event_ids, ledger
 
 FIXTURE = Path(__file__).parent / "fixtures" / "spool_format1"
@@ -54,6 +55,22 @@ def test_the_fixture_reads_back_every_queued_event_in_order(tmp_path: Path) -> N
             records = ref.ring.read_batch(100_000, 1 << 30)
             found[f"{name}/{ref.partition}"] = [decode(r.payload).event_id for r in records]
     assert found == EXPECTED
+
+
+def test_a_version_1_directory_opens_as_version_2_without_a_rewrite(tmp_path: Path) -> None:
+    """Each ring file is its queue's first segment: the files stay, FORMAT is written."""
+    directory = _copy(tmp_path, {"orders": "orders", "logs": "logs", "pending-topic": "pending"})
+    files = sorted(p.relative_to(directory) for p in directory.rglob("*.queue"))
+    with Spool(directory, settings=_settings()) as spool:
+        assert all(ref.ring.segments == 1 for ref in spool.queues())
+    assert sorted(p.relative_to(directory) for p in directory.rglob("*.queue")) == files
+    assert (directory / "FORMAT").read_text() == "2\n"
+
+
+def test_a_directory_of_a_later_format_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "FORMAT").write_text("3\n")
+    with pytest.raises(QueueFileError, match=r"format version 3.*the release that wrote it"):
+        Spool(tmp_path)
 
 
 @pytest.mark.slow

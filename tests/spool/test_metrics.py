@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from eventspool import QueueSettings, Spool, SpoolSettings
@@ -33,3 +34,25 @@ def test_each_fdatasync_of_an_fsync_queue_is_timed(tmp_path: Path) -> None:
         )
     assert after - before == 3
     assert depth is not None and depth.group(1) == "3"
+
+
+def test_each_queue_shows_the_disk_its_segments_take(tmp_path: Path) -> None:
+    """At rest one segment; under a backlog more (and spares made in the background,
+    counted once they are done), and the bytes are what the disk holds."""
+    queue = QueueSettings(capacity_bytes=1 << 20, segment_bytes=1 << 16)
+    with Spool(tmp_path, settings=SpoolSettings(max_event_bytes=1000, queue=queue)) as spool:
+        spool.set_partition_count("burst", 1)
+        for _ in range(150):  # about 66 to a segment
+            spool.send("burst", b"x" * 900)
+        labels = r'\{partition="0",topic="burst"\}'
+        deadline = time.monotonic() + 10
+        while True:
+            text = render(spool).decode()
+            files = [p for p in (tmp_path / "topics").rglob("*") if p.is_file()]
+            on_disk = sum(p.stat().st_blocks * 512 for p in files)
+            if _count(text, f"eventspool_queue_file_bytes{labels}") == on_disk:
+                break
+            assert time.monotonic() < deadline, "the figures never matched the disk"
+            time.sleep(0.01)
+    assert _count(text, f"eventspool_queue_segments{labels}") == 3
+    assert _count(text, "eventspool_spool_file_bytes") == on_disk

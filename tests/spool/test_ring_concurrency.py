@@ -280,7 +280,8 @@ def note_interleaving(logs: Sequence[Sequence[tuple[int, bytes]]]) -> None:
 
 
 def open_ring(path: Path) -> RingQueue:
-    return RingQueue.open(path, QueueSettings(capacity_bytes=CAPACITY), max_payload=MAX_PAYLOAD)
+    one_ring = QueueSettings(capacity_bytes=CAPACITY, segment_bytes=CAPACITY)
+    return RingQueue.open(path, one_ring, max_payload=MAX_PAYLOAD)
 
 
 @settings(max_examples=15)

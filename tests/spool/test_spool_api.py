@@ -31,7 +31,7 @@ from eventspool.errors import InvalidEventError, SpoolFullError, SpoolLockedErro
 from eventspool.pipeline import Spool
 from eventspool.spool.partitioner import partition_for_key
 from eventspool.spool.registry import save_partition_counts
-from eventspool.spool.ring import RingQueue
+from eventspool.spool.segments import SegmentedQueue
 
 SMALL_QUEUE = 64 * 1024
 SMALL = SpoolSettings(max_event_bytes=4096, queue=QueueSettings(capacity_bytes=SMALL_QUEUE))
@@ -44,7 +44,7 @@ def small(**queue: Any) -> SpoolSettings:
     )
 
 
-def ring_of(spool: Spool, topic: str, partition: int | None = 0) -> RingQueue:
+def ring_of(spool: Spool, topic: str, partition: int | None = 0) -> SegmentedQueue:
     (ring,) = [r.ring for r in spool.queues() if r.topic == topic and r.partition == partition]
     return ring
 
@@ -622,7 +622,7 @@ def test_block_with_a_second_writer_keeps_every_sent_event(tmp_path: Path) -> No
     spool, ids = _filled_spool(tmp_path, full_policy=FullPolicy.BLOCK, block_timeout_s=10)
     with spool:
         ring = ring_of(spool, "full")
-        assert ring.stats().tail_position == 63 * 1032
+        assert ring.write_core.tail == 63 * 1032
         results: list[str] = []
         blocked = threading.Thread(
             target=lambda: results.append(spool.send("full", b"B" * 946)), daemon=True

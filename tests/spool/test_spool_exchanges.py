@@ -27,7 +27,7 @@ from eventspool.errors import (
 from eventspool.pipeline import Spool
 from eventspool.routing import Binding, Exchange, ExchangeCounts, ExchangeType, Source
 from eventspool.spool.partitioner import partition_for_key
-from eventspool.spool.ring import RingQueue
+from eventspool.spool.segments import SegmentedQueue
 
 SMALL_QUEUE = 64 * 1024
 FANOUT = Exchange("fan", ExchangeType.FANOUT, (Binding("a"), Binding("b"), Binding("c")))
@@ -61,7 +61,7 @@ def stored(spool: Spool, topic: str) -> list[Event]:
     return events
 
 
-def ring_of(spool: Spool, topic: str) -> RingQueue:
+def ring_of(spool: Spool, topic: str) -> SegmentedQueue:
     (ring,) = [ref.ring for ref in spool.queues() if ref.topic == topic]
     return ring
 

@@ -63,7 +63,8 @@ cdef class RingCore:
     cdef readonly uint64_t max_payload
     cdef readonly bint writable
     cdef readonly bint closed
-    cdef bint _drop_oldest
+    cdef public bint sealed
+    cdef public bint drop_oldest
     cdef bint _fast
 
     def __cinit__(
@@ -83,7 +84,7 @@ cdef class RingCore:
         self.tail = self.read = self.head
         self.next_seq = self.read_seq = self.head_seq
         self.max_payload = min(max_payload, capacity // 4)
-        self._drop_oldest = drop_oldest
+        self.drop_oldest = drop_oldest
         self._fast = fast
         self.writable = writable
 
@@ -256,8 +257,10 @@ cdef class RingCore:
         """
         cdef uint64_t cap = self.capacity, room
         cdef bint dropped = False
+        if self.sealed:
+            return -1
         while not self._fits(size):
-            if not self._drop_oldest:
+            if not self.drop_oldest:
                 return -1
             self._drop_head()
             dropped = True
@@ -388,12 +391,69 @@ cdef class RingCore:
     def fits(self, uint64_t size) -> bool:
         """Whether a frame of `size` bytes fits without dropping anything."""
         self._acquire()
-        fits = self._fits(size)
+        fits = self.fits_locked(size)
         self._release()
         return fits
 
     def fits_locked(self, uint64_t size) -> bool:
-        return self._fits(size)
+        return not self.sealed and self._fits(size)
+
+    def seal(self) -> int:
+        """Refuse every later append (APPEND_FULL): the queue writes to a newer segment.
+
+        Returns the sequence after the last record, where the next segment starts; a
+        writer that holds the lock finishes first, so none lands here afterwards. Setting
+        `sealed` back to False undoes it (the next segment could not be made).
+        """
+        self._acquire()
+        self.sealed = True
+        seq = self.next_seq
+        self._release()
+        return seq
+
+    def restart(self, uint64_t head_seq, uint64_t dropped, uint64_t skipped) -> None:
+        """Make an empty ring start at `head_seq` with these totals: a spare segment
+        prepared ahead of need becomes the queue's next one without a syscall."""
+        self._check_writable()
+        self._acquire()
+        self._check_open_locked()
+        if self.next_seq != self.head_seq:
+            self._release()
+            raise ValueError("only an empty ring can be restarted")
+        self.head = self.tail = self.read = 0
+        self.head_seq = self.next_seq = self.read_seq = head_seq
+        self.dropped = dropped
+        self.skipped = skipped
+        self._persist_head()
+        es_put_u64(self._map + HINT_OFFSET, head_seq)
+        self._release()
+
+    def prefault(self) -> None:
+        """Touch every page of a fresh, empty ring without the interpreter lock, so the
+        writer that takes it as its next segment does not fault on each page."""
+        cdef uint64_t offset
+        self._check_writable()
+        self._acquire()
+        self._check_open_locked()
+        if self.tail != 0 or self.next_seq != self.head_seq:
+            self._release()
+            raise ValueError("only a fresh, empty ring can be prefaulted")
+        with nogil:
+            offset = 0
+            while offset < self.capacity:
+                (<volatile char *>(self._area + offset))[0] = 0
+                offset += PAGE
+        self._release()
+
+    def add_counts(self, uint64_t dropped, uint64_t skipped) -> None:
+        """Add to the persisted totals: records of deleted segments, skips found elsewhere."""
+        self._check_writable()
+        self._acquire()
+        self._check_open_locked()
+        self.dropped += dropped
+        self.skipped += skipped
+        self._persist_head()
+        self._release()
 
     # ---- reading -------------------------------------------------------------------
 

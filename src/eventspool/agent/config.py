@@ -181,9 +181,15 @@ QUEUE_SETTINGS = (
     Setting(
         "queue_bytes",
         "int",
-        "size of each queue file of a topic",
+        "the most a queue of a topic may hold, in segment files",
         default=default_of(QueueSettings, "capacity_bytes"),
         field="capacity_bytes",
+    ),
+    Setting(
+        "segment_bytes",
+        "int",
+        "size of each segment file of a queue: one at rest, more under a backlog",
+        default=default_of(QueueSettings, "segment_bytes"),
     ),
     Setting(
         "durability",

@@ -51,7 +51,7 @@ from eventspool.sender.stalls import StallChange, StallDetector, StalledQueue
 from eventspool.sender.topicsettings import TopicSettingsCheck
 from eventspool.sender.watchdog import ProducerWatchdog
 from eventspool.spool.registry import QueueRegistry
-from eventspool.spool.ring import RingQueue
+from eventspool.spool.segments import SegmentedQueue
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +101,14 @@ class Sender:
         self._metadata = MetadataClient(self._producer, self._admin_config, settings)
         self.dead_letters = DeadLetterFile(directory)
         self.counters = SenderCounters()
-        self._queues: dict[RingQueue, QueueState] = {}
+        self._queues: dict[SegmentedQueue, QueueState] = {}
         self._advanced: set[QueueState] = set()
         self._next_refresh = 0.0
         self._next_watch = 0.0
         self._produced_at = 0.0
         self._health = PartitionHealth(clock)
         self._watchdog = ProducerWatchdog(settings.producer_reset_after_s, clock.monotonic())
-        self._stalls: StallDetector[RingQueue] = StallDetector(settings.stall_after_s)
+        self._stalls: StallDetector[SegmentedQueue] = StallDetector(settings.stall_after_s)
         self.moves = 0  # failover moves so far: Spool.flush() then looks at the new rings
         self._topic_settings = TopicSettingsCheck()
         # Topics whose settings cannot keep an acknowledged event, with why.
@@ -350,7 +350,7 @@ class Sender:
                 continue
             if not state.tracker.in_flight:
                 state.waiting_since = now
-            batch = ref.ring.core.read_for_kafka(
+            batch = ref.ring.read_for_kafka(
                 min(room, self._settings.read_batch_records), _READ_BATCH_BYTES
             )
             self._produce_batch(state, batch)
@@ -360,9 +360,10 @@ class Sender:
     def _produce_batch(self, state: QueueState, batch: list[KafkaRecord]) -> None:
         """Hand one batch of a queue to librdkafka, in order, in compiled loops.
 
-        Records come out of the ring already decoded, with their `event_id` header first
-        (RingCore.read_for_kafka). A record with no headers is one whose envelope could not
-        be parsed: no Kafka message can be made of it, so it is dead-lettered as it is.
+        Records come out of the queue already decoded, with their `event_id` header first
+        (RingCore.read_for_kafka, oldest segment first). A record with no headers is one
+        whose envelope could not be parsed: no Kafka message can be made of it, so it is
+        dead-lettered as it is.
         """
         deliveries = state.deliveries
         produce = self._producer.produce

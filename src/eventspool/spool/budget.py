@@ -1,13 +1,18 @@
 """The spool's disk budget: how many bytes of queue files, and how many topics, it may hold.
 
-Every queue file is preallocated at its full capacity, so one made-up topic name costs
-a whole ring on disk. The budget is checked only when a new topic's first queue file
-would be created, never on the write path: topics that have queues go on when the
-budget is spent, and a new one that would go over it is refused with `SpoolBudgetError`
-(the agent answers OVER_BUDGET, HTTP 507). A known topic's further rings (one per
-partition, a count Kafka decides, not the caller) are counted but not refused, so events
-of a topic already served never are. Files already on disk count from the start, so a
-lowered budget refuses new topics until enough are gone.
+The bytes are those allocated on disk (st_blocks): every segment file is preallocated,
+so one made-up topic name costs a segment. The budget is asked when a queue file would
+be created, never on the write path:
+
+- a new topic's first segment: refused with `SpoolBudgetError` (the agent answers
+  OVER_BUDGET, HTTP 507) when it would go over the budget or `max_topics`;
+- a known topic's first segment of another partition (a count Kafka decides, not the
+  caller): counted, never refused, so events of a topic already served never are;
+- a further segment of a queue with a backlog (segments.py): made only if it fits;
+  otherwise that queue is full and its full-queue policy applies.
+
+Files already on disk count from the start, so a lowered budget refuses new topics and
+growth until enough are gone.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 
 from eventspool.clock import Clock
 from eventspool.errors import SpoolBudgetError
+from eventspool.spool.ring import allocated_bytes
 
 log = logging.getLogger("eventspool.spool")
 
@@ -52,18 +58,19 @@ class DiskBudget:
         self._topics: set[str] = set()
         if topics_dir.is_dir():
             for queue_file in topics_dir.glob("*/*.queue"):
-                self._used += queue_file.stat().st_size
+                self._used += allocated_bytes(queue_file)
                 self._topics.add(queue_file.parent.name)
         self._refusals = 0
         self._next_log = 0.0
 
     def create(
         self, topic: str, path: Path, size: int, make: Callable[[], None], *, enforce: bool = True
-    ) -> None:
-        """Run `make` to create the queue file at `path`; for a new topic only if `size`
-        more bytes and one more topic fit, SpoolBudgetError otherwise. Creations are
-        serialised, so two at once cannot both take the last room. Without `enforce` (or
-        for a topic that has queues) the file is only counted."""
+    ) -> int:
+        """Run `make` to create a queue's first file at `path`; for a new topic only if
+        `size` more bytes and one more topic fit, SpoolBudgetError otherwise. Creations
+        are serialised, so two at once cannot both take the last room. Without `enforce`
+        (or for a topic that has queues) the file is only counted. Returns the bytes the
+        file takes on disk."""
         with self._lock:
             new_topic = topic not in self._topics
             refusal = self._refusal(topic, size) if enforce and new_topic else None
@@ -72,13 +79,26 @@ class DiskBudget:
                 self._log_refusal(refusal)
                 raise SpoolBudgetError(refusal)
             make()
-            self._used += path.stat().st_size
+            allocated = allocated_bytes(path)
+            self._used += allocated
             self._topics.add(topic)
+            return allocated
 
-    def removed(self, size: int) -> None:
-        """A queue file of `size` bytes was deleted (a pending ring, moved)."""
+    def grow(self, path: Path, size: int, make: Callable[[], None]) -> int | None:
+        """Run `make` to create a further segment at `path` if `size` more bytes fit:
+        the bytes it takes on disk, or None (the queue is full) when they do not."""
         with self._lock:
-            self._used -= size
+            if self._max_bytes is not None and self._used + size > self._max_bytes:
+                return None
+            make()
+            allocated = allocated_bytes(path)
+            self._used += allocated
+            return allocated
+
+    def removed(self, allocated: int) -> None:
+        """A queue file that took `allocated` bytes on disk was deleted."""
+        with self._lock:
+            self._used -= allocated
 
     def use(self) -> BudgetUse:
         with self._lock:

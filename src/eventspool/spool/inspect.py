@@ -7,19 +7,18 @@ from pathlib import Path
 
 from eventspool.errors import QueueFileError
 from eventspool.spool.lock import is_locked
-from eventspool.spool.registry import (
-    PENDING_NAME,
-    QUEUE_SUFFIX,
-    TOPICS_DIR,
-    load_partition_counts,
-)
+from eventspool.spool.registry import PENDING, TOPICS_DIR, load_partition_counts
 from eventspool.spool.ring import RecoveryReport, RingQueue, RingStats
+from eventspool.spool.segments import SUFFIX, parse_segment_name
 
 
 @dataclass(frozen=True, slots=True)
 class QueueReport:
+    """One segment file of a queue (a queue without a backlog has one)."""
+
     topic: str
     partition: int | None
+    segment: int
     path: Path
     stats: RingStats | None
     recovery: RecoveryReport | None
@@ -43,17 +42,20 @@ def inspect_spool(directory: Path) -> SpoolReport:
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory} is not a spool directory")
     queues: list[QueueReport] = []
-    for path in sorted((directory / TOPICS_DIR).glob(f"*/*{QUEUE_SUFFIX}")):
-        if path.name != PENDING_NAME and not path.stem.isdigit():
+    for path in sorted((directory / TOPICS_DIR).glob(f"*/*{SUFFIX}")):
+        parsed = parse_segment_name(path.name)
+        if parsed is None:
             continue
         topic = path.parent.name
-        partition = None if path.name == PENDING_NAME else int(path.stem)
+        partition = None if parsed[0] == PENDING else int(parsed[0])
         try:
             ring = RingQueue.open(path, create=False, writable=False)
         except QueueFileError as exc:
-            queues.append(QueueReport(topic, partition, path, None, None, str(exc)))
+            queues.append(QueueReport(topic, partition, parsed[1], path, None, None, str(exc)))
             continue
         with ring:
-            queues.append(QueueReport(topic, partition, path, ring.stats(), ring.recovery, None))
-    queues.sort(key=lambda q: (q.topic, q.partition is None, q.partition or 0))
+            queues.append(
+                QueueReport(topic, partition, parsed[1], path, ring.stats(), ring.recovery, None)
+            )
+    queues.sort(key=lambda q: (q.topic, q.partition is None, q.partition or 0, q.segment))
     return SpoolReport(directory, is_locked(directory), load_partition_counts(directory), queues)

@@ -5,8 +5,11 @@ Directory layout::
     DIR/LOCK                           owner lock (see lock.py)
     DIR/partitions.json                partition count per topic, as last learned
     DIR/exchanges.json                 runtime exchange declarations (routing/table.py)
-    DIR/topics/<topic>/<n>.queue       ring of partition n
+    DIR/FORMAT                         the directory's format version (2)
+    DIR/topics/<topic>/<n>.queue       queue of partition n: its segment 0, and further
+    DIR/topics/<topic>/<n>.<s>.queue   segments s while it has a backlog (segments.py)
     DIR/topics/<topic>/pending.queue   events of a topic whose partition count is unknown
+                                       (segments pending.<s>.queue likewise)
 
 Events wait in the pending ring until the partition count of their topic is known,
 then are partitioned in the order they were sent: keyed events by Kafka's murmur2, so
@@ -15,45 +18,44 @@ that they land where a Java producer would put them.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventspool._core.native import TopicRoute
+from eventspool._core.native import RingCore, TopicRoute
 from eventspool.clock import Clock
 from eventspool.config import SpoolSettings
 from eventspool.envelope import EventIdGenerator, decode
 from eventspool.errors import QueueFileError, SpoolBudgetError
 from eventspool.spool.budget import DiskBudget
 from eventspool.spool.partitioner import StickyPartitioner, partition_for_key
-from eventspool.spool.ring import (
-    HEADER_SIZE,
-    PAGE,
-    Record,
-    RingQueue,
-    SyncObserver,
-    append_to_each,
-)
+from eventspool.spool.ring import HEADER_SIZE, Record, SyncObserver, segment_capacity
+from eventspool.spool.segments import SegmentedQueue, append_to_each, parse_segment_name
 
 PARTITIONS_FILE = "partitions.json"
 TOPICS_DIR = "topics"
-PENDING_NAME = "pending.queue"
-QUEUE_SUFFIX = ".queue"
+PENDING = "pending"
+FORMAT_FILE = "FORMAT"
+# 1: one ring file per queue; 2: a chain of segment files per queue (segments.py). A
+# version-1 directory is a version-2 one whose queues have one segment each.
+FORMAT_VERSION = 2
 _MIGRATION_BATCH = 1000
 
 
 @dataclass(frozen=True, slots=True)
 class QueueRef:
-    """One ring with its place: `partition` is None for a topic's pending ring."""
+    """One queue with its place: `partition` is None for a topic's pending queue."""
 
     topic: str
     partition: int | None
-    ring: RingQueue
+    ring: SegmentedQueue
 
 
 class TopicQueues:
@@ -74,8 +76,8 @@ class TopicQueues:
         self.directory = directory
         self._registry = registry
         self.lock = threading.RLock()
-        self.partitions: dict[int, RingQueue] = {}
-        self.pending: RingQueue | None = None
+        self.partitions: dict[int, SegmentedQueue] = {}
+        self.pending: SegmentedQueue | None = None
         self.route = TopicRoute(
             name,
             partition_count,
@@ -105,24 +107,30 @@ class TopicQueues:
         """Whether a queue file was opened: a topic refused its first one has none."""
         return bool(self.partitions) or self.pending is not None
 
-    def partition_ring(self, partition: int, *, admitted: bool = False) -> RingQueue:
-        """The ring of `partition`, opened or created; `admitted` events (moved from the
-        pending ring) were accepted already, so the disk budget cannot refuse them."""
+    def partition_ring(self, partition: int, *, admitted: bool = False) -> SegmentedQueue:
+        """The queue of `partition`, opened or created; `admitted` events (moved from the
+        pending queue) were accepted already, so the disk budget cannot refuse them.
+
+        The route writes into the queue's write segment, and follows it to each new one.
+        """
         ring = self.partitions.get(partition)
         if ring is None:
             with self.lock:
                 ring = self.partitions.get(partition)
                 if ring is None:
-                    ring = self._registry.open_ring(
-                        self.name, self.directory / f"{partition}{QUEUE_SUFFIX}", admitted
+                    ring = self._registry.open_queue(
+                        self.name,
+                        str(partition),
+                        admitted,
+                        functools.partial(self.route.set_ring, partition),
                     )
                     self.partitions[partition] = ring
-                    self.route.set_ring(partition, ring.core)
+                    self.route.set_ring(partition, ring.write_core)
         return ring
 
-    def pending_ring(self) -> RingQueue:
+    def pending_ring(self) -> SegmentedQueue:
         if self.pending is None:
-            self.pending = self._registry.open_ring(self.name, self.directory / PENDING_NAME)
+            self.pending = self._registry.open_queue(self.name, PENDING)
         return self.pending
 
     def append(self, key: bytes | None, payload: bytes, timestamp_ms: int) -> None:
@@ -133,7 +141,7 @@ class TopicQueues:
                     return
         self.partition_ring(self.route.choose(key, len(payload))).append(payload, timestamp_ms)
 
-    def ring_for(self, key: bytes | None, size: int, held: ExitStack) -> RingQueue:
+    def ring_for(self, key: bytes | None, size: int, held: ExitStack) -> SegmentedQueue:
         """The ring `append` would pick, for a caller that writes to it under its own locks.
 
         While the partition count is unknown the ring is the pending one, and the topic
@@ -181,9 +189,12 @@ class QueueRegistry:
         self._lock = threading.Lock()
         self._topics: dict[str, TopicQueues] = {}
         self._counts: dict[str, int] = load_partition_counts(directory)
+        # One thread makes the spare segments of queues with a backlog (segments.py).
+        self._spares = ThreadPoolExecutor(1, thread_name_prefix="eventspool-segments")
         self.budget = DiskBudget(
             directory / TOPICS_DIR, settings.max_spool_bytes, settings.max_topics, clock
         )
+        check_format(directory)
         try:
             self._open_existing()
         except BaseException:
@@ -191,45 +202,46 @@ class QueueRegistry:
             raise
 
     def _open_existing(self) -> None:
-        """Open (and so recover) every ring on disk, moving pending ones whose count is known."""
+        """Open (and so recover) every queue on disk, moving pending ones whose count is known."""
         for topic_dir in sorted((self.directory / TOPICS_DIR).glob("*/")):
             topic = self._topic_locked(topic_dir.name)
-            for path in sorted(topic_dir.glob(f"*{QUEUE_SUFFIX}")):
-                if path.name == PENDING_NAME:
+            queues = {parse_segment_name(path.name) for path in topic_dir.iterdir()}
+            for name in sorted({parsed[0] for parsed in queues if parsed is not None}):
+                if name == PENDING:
                     topic.pending_ring()
-                elif path.stem.isdigit():
-                    topic.partition_ring(int(path.stem))
+                else:
+                    topic.partition_ring(int(name))
             if topic.pending is not None and topic.partition_count is not None:
                 with topic.lock:
                     self._move_pending(topic, topic.pending, topic.partition_count)
                     topic.pending = None
 
-    def open_ring(self, topic: str, path: Path, admitted: bool = False) -> RingQueue:
-        """Open the ring at `path`; creating it must fit in the disk budget, unless it is
-        for events accepted already (`admitted`)."""
+    def open_queue(
+        self,
+        topic: str,
+        name: str,
+        admitted: bool = False,
+        on_write_core: Callable[[RingCore], None] | None = None,
+    ) -> SegmentedQueue:
+        """Open the queue `name` of `topic`; creating its first segment must fit in the
+        disk budget, unless it is for events accepted already (`admitted`)."""
         settings = self.settings.for_topic(topic)
-
-        def open_() -> RingQueue:
-            return RingQueue.open(
-                path,
-                settings,
-                max_payload=self.settings.max_event_bytes,
-                clock=self.clock,
-                on_fsync=self._on_fsync,
-            )
-
-        if path.exists():
-            return open_()
-        opened: list[RingQueue] = []
-        size = HEADER_SIZE + (settings.capacity_bytes + PAGE - 1) // PAGE * PAGE
+        space = _TopicSpace(self.budget, topic, HEADER_SIZE + segment_capacity(settings), admitted)
         try:
-            self.budget.create(
-                topic, path, size, lambda: opened.append(open_()), enforce=not admitted
+            return SegmentedQueue(
+                self.directory / TOPICS_DIR / topic,
+                name,
+                settings,
+                space,
+                self.clock,
+                max_payload=self.settings.max_event_bytes,
+                on_fsync=self._on_fsync,
+                on_write_core=on_write_core,
+                background=self._spares.submit,
             )
         except SpoolBudgetError:
             self._forget_if_empty(topic)
             raise
-        return opened[0]
 
     def _forget_if_empty(self, name: str) -> None:
         """Drop a topic refused its first queue: kept, the sender would ask Kafka for it
@@ -341,7 +353,7 @@ class QueueRegistry:
         ring.rewind()
         return moved
 
-    def _move_pending(self, topic: TopicQueues, pending: RingQueue, count: int) -> None:
+    def _move_pending(self, topic: TopicQueues, pending: SegmentedQueue, count: int) -> None:
         sticky = StickyPartitioner(self.settings.sticky_batch_bytes)
         pending.rewind()
         while batch := pending.read_batch(_MIGRATION_BATCH):
@@ -356,14 +368,59 @@ class QueueRegistry:
                     record.payload, record.timestamp_ms
                 )
             pending.ack(batch[-1].seq)
-        pending.close()
-        size = pending.path.stat().st_size
-        pending.path.unlink()
-        self.budget.removed(size)
+        pending.delete()
 
     def close(self) -> None:
+        """Close every queue; a spare still being made is deleted once it is done."""
         for topic in self.topics():
             topic.close()
+        self._spares.shutdown()
+
+
+@dataclass(frozen=True, slots=True)
+class _TopicSpace:
+    """The disk budget as one queue of `topic` sees it (segments.SegmentSpace)."""
+
+    budget: DiskBudget
+    topic: str
+    first_size: int
+    admitted: bool
+
+    def first(self, path: Path, make: Callable[[], None]) -> int:
+        return self.budget.create(
+            self.topic, path, self.first_size, make, enforce=not self.admitted
+        )
+
+    def grow(self, path: Path, size: int, make: Callable[[], None]) -> int | None:
+        return self.budget.grow(path, size, make)
+
+    def removed(self, allocated: int) -> None:
+        self.budget.removed(allocated)
+
+
+def check_format(directory: Path) -> None:
+    """Refuse a directory written by a newer format; mark an older one as version 2.
+
+    A version-1 directory needs no conversion: each of its ring files is the first
+    segment of its queue.
+    """
+    path = directory / FORMAT_FILE
+    try:
+        version = int(path.read_text())
+    except FileNotFoundError:
+        version = 1
+    except (OSError, ValueError) as exc:
+        raise QueueFileError(str(path), f"unreadable format version: {exc}") from exc
+    if version > FORMAT_VERSION:
+        raise QueueFileError(
+            str(path),
+            f"the spool directory has format version {version}; this eventspool reads "
+            f"versions up to {FORMAT_VERSION}: open it with the release that wrote it",
+        )
+    if version < FORMAT_VERSION:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(f"{FORMAT_VERSION}\n")
+        os.replace(tmp, path)
 
 
 def _is_keyless(record: Record) -> bool:

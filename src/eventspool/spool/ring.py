@@ -54,8 +54,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +97,13 @@ _U32 = struct.Struct("<I")
 _SLOT = struct.Struct("<QQQQQQ")
 _SLOT_OFFSETS = RING_SLOT_OFFSETS
 _SLOT_CRC_OFFSET = _SLOT.size
+
+
+def segment_capacity(settings: QueueSettings) -> int:
+    """The record area of one ring file: `segment_bytes`, never more than the queue's
+    maximum (`capacity_bytes`), in whole pages."""
+    size = min(settings.segment_bytes, settings.capacity_bytes)
+    return (size + PAGE - 1) // PAGE * PAGE
 
 
 def frame_size(payload_length: int) -> int:
@@ -244,7 +250,7 @@ class RingQueue:
         writable: bool = True,
         on_fsync: SyncObserver | None = None,
     ) -> RingQueue:
-        """Open the ring at `path`, creating it with `settings.capacity_bytes` if absent.
+        """Open the ring at `path`, creating it as one segment of `settings` if absent.
 
         `on_fsync` is told each fdatasync's duration in seconds (metrics, above storage).
         Raises QueueFileError if the file cannot be created (disk full) and
@@ -252,7 +258,7 @@ class RingQueue:
         """
         settings = settings or QueueSettings()
         if create and writable and not path.exists():
-            _create_file(path, settings.capacity_bytes)
+            create_file(path, segment_capacity(settings))
         flags = os.O_RDWR if writable else os.O_RDONLY
         try:
             fd = os.open(path, flags)
@@ -327,18 +333,22 @@ class RingQueue:
         seq = self.core.append(payload, ts)
         if seq < 0:
             seq = self._append_refused(payload, ts, seq)
+        self.wait_durable(seq)
+        return seq
+
+    def wait_durable(self, seq: int) -> None:
+        """Return once record `seq` is as durable as configured (group commit under fsync)."""
         if self._commit is not None:
             self._commit.wait_durable(seq, self.core.next_seq - 1)
-        return seq
 
     def _append_refused(self, payload: bytes, ts: int, status: int) -> int:
         """Apply the policy to an append the core refused: raise, or wait for room."""
         if status == APPEND_BAD_LENGTH:
-            raise self._bad_length(len(payload))
+            raise self.bad_length(len(payload))
         if status == APPEND_CLOSED:
             raise SpoolClosedError(f"queue {self.path} is closed")
         if self.settings.full_policy is not FullPolicy.BLOCK:
-            raise self._full_error()
+            raise self.full_error()
         deadline = self._clock.monotonic() + self.settings.block_timeout_s
         with self._space:
             while True:
@@ -349,7 +359,7 @@ class RingQueue:
                     raise SpoolClosedError(f"queue {self.path} is closed")
                 remaining = deadline - self._clock.monotonic()
                 if remaining <= 0:
-                    raise self._full_error()
+                    raise self.full_error()
                 self._space.wait(remaining)
 
     def append_many(self, payloads: list[bytes], timestamp_ms: int | None = None) -> int:
@@ -361,7 +371,7 @@ class RingQueue:
         max_payload = self.core.max_payload
         for payload in payloads:
             if not 0 < len(payload) <= max_payload:
-                raise self._bad_length(len(payload))
+                raise self.bad_length(len(payload))
         ts = self._clock.now_ms() if timestamp_ms is None else timestamp_ms
         first, written, status = self.core.append_many(payloads, ts)
         try:
@@ -371,11 +381,11 @@ class RingQueue:
                     self._append_refused(payload, ts, seq)
         finally:
             last = self.core.next_seq - 1
-            if self._commit is not None and last >= first:
-                self._commit.wait_durable(last, last)
+            if last >= first:
+                self.wait_durable(last)
         return int(first)
 
-    def _full_error(self) -> SpoolFullError:
+    def full_error(self) -> SpoolFullError:
         core = self.core
         return SpoolFullError(
             f"queue {self.path.name} is full: {core.tail - core.head} of {core.capacity} bytes "
@@ -383,7 +393,7 @@ class RingQueue:
             f"(policy {self.settings.full_policy.value})"
         )
 
-    def _bad_length(self, length: int) -> InvalidEventError:
+    def bad_length(self, length: int) -> InvalidEventError:
         if not length:
             return InvalidEventError("a queue record must not be empty")
         return EventTooLargeError(
@@ -488,66 +498,23 @@ class RingQueue:
         self.close()
 
 
-def append_to_each(rings: Sequence[RingQueue], payload: bytes, timestamp_ms: int) -> None:
-    """Append one payload to every ring, or to none of them; returns once all are durable.
-
-    Every ring's lock is taken, in the order given, before anything is written; the
-    record is written only when each ring has room for it (`drop_oldest` rings always
-    make room). A ring full under `reject` raises SpoolFullError; under `block` the locks
-    are let go while that ring drains, up to its `block_timeout_s`, and everything is
-    checked again. Callers pass the rings in one global order (the spool sorts by topic),
-    or two concurrent calls could deadlock.
-
-    A crash in the middle of the writes may leave the record in some rings only: the
-    call never returned, so nobody was told it succeeded.
-    """
-    length = len(payload)
-    size = frame_size(length)
-    for ring in rings:
-        if not 0 < length <= ring.core.max_payload:
-            raise ring._bad_length(length)
-    deadline: float | None = None
-    seqs: list[int] = []
-    while True:
-        full: RingQueue | None = None
-        with ExitStack() as held:
-            for ring in rings:
-                ring.core.acquire()
-                held.callback(ring.core.release)
-            for ring in rings:
-                if ring.core.closed:
-                    raise SpoolClosedError(f"queue {ring.path} is closed")
-                if ring.settings.full_policy is not FullPolicy.DROP_OLDEST and not (
-                    ring.core.fits_locked(size)
-                ):
-                    full = ring
-                    break
-            else:
-                seqs = [ring.core.write_locked(payload, timestamp_ms) for ring in rings]
-        if full is None:
-            break
-        where = f"{full.path.parent.name}/{full.path.name}"
-        now = full._clock.monotonic()
-        if deadline is None:
-            deadline = now + full.settings.block_timeout_s
-        if full.settings.full_policy is FullPolicy.REJECT or now >= deadline:
-            raise SpoolFullError(
-                f"queue {where} is full (policy {full.settings.full_policy.value}): "
-                f"the event was written to none of its {len(rings)} queues"
-            )
-        with full._space:
-            if not full.core.closed and not full.core.fits(size):
-                full._space.wait(deadline - now)
-    for ring, seq in zip(rings, seqs, strict=True):
-        if ring._commit is not None:
-            ring._commit.wait_durable(seq, ring.core.next_seq - 1)
-
-
-def _create_file(path: Path, capacity: int) -> None:
-    """Create a queue file completely or not at all.
+def create_file(
+    path: Path,
+    capacity: int,
+    head_seq: int = 0,
+    dropped: int = 0,
+    skipped: int = 0,
+    *,
+    sync: bool = True,
+) -> None:
+    """Create a queue file completely or not at all, its first record to be `head_seq`.
 
     The space is reserved with posix_fallocate, never left sparse: a write into a hole
     of a full disk through mmap is a SIGBUS, while fallocate fails cleanly with ENOSPC.
+    A segment that continues a queue (segments.py) starts at the sequence where the one
+    before it stopped and carries the queue's `dropped` and `skipped` totals. Without
+    `sync` nothing is synced: a killed process still leaves the whole file or none, but
+    a power cut may lose its header (segments.py says when that is safe).
     """
     capacity = (capacity + PAGE - 1) // PAGE * PAGE
     tmp = path.with_name(path.name + ".tmp")
@@ -572,21 +539,28 @@ def _create_file(path: Path, capacity: int) -> None:
         header = bytearray(HEADER_SIZE)
         header[0 : len(static)] = static
         _U32.pack_into(header, _STATIC_CRC_OFFSET, crc32c(static))
-        slot = _SLOT.pack(1, 0, 0, 0, 0, 0)
+        slot = _SLOT.pack(1, 0, head_seq, 0, dropped, skipped)
         header[_SLOT_OFFSETS[1] : _SLOT_OFFSETS[1] + len(slot)] = slot
         _U32.pack_into(header, _SLOT_OFFSETS[1] + _SLOT_CRC_OFFSET, crc32c(slot))
         os.pwrite(fd, bytes(header), 0)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
     os.close(fd)
     os.replace(tmp, path)
-    _fsync_directory(path.parent)
+    if sync:
+        fsync_directory(path.parent)
 
 
-def _fsync_directory(directory: Path) -> None:
+def allocated_bytes(path: Path) -> int:
+    """Bytes the file takes on disk (st_blocks): what the disk budget counts."""
+    return os.stat(path).st_blocks * 512
+
+
+def fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -1,0 +1,749 @@
+"""One queue as a chain of ring segments: small at rest, as long as its backlog.
+
+Files of a queue `<q>` (a partition number, or `pending`), format version 2 of a spool
+directory::
+
+    <q>.queue        segment 0: a version-1 queue is this one file
+    <q>.<n>.queue    segment n > 0; numbers only grow, the oldest segment is the lowest
+    <q>.spare.<k>    segments kept ahead of need while the queue has a backlog: made in
+                     the background, or acknowledged segments recycled; not part of the
+                     chain (deleted when found at open)
+
+Every segment is a ring file (ring.py: same header, framing and recovery), preallocated
+at `segment_bytes`. At rest a queue is one segment that wraps. Only when its write
+segment is full (the sender has not freed room in it) does the queue chain a new one:
+the full segment is sealed (no append lands there afterwards), and the new one starts
+at the sequence where the sealed one stopped, so sequences stay monotonic across the
+queue. The sender reads the segments oldest first; once every record of a sealed
+segment is acknowledged, it is deleted.
+
+Crash safety, step by step:
+
+- chaining: seal (memory only), then either create `<q>.<n>.queue.tmp`, fallocate, write
+  its header, rename (with an fsync of each for `fsync` queues); or, while a backlog
+  lasts, take a spare: a segment a background thread created the same way (every page
+  touched, nothing synced) or one the sender emptied and that was recycled instead of
+  deleted. Its header is rewritten through its mapping to start at the sealed
+  segment's end, and it is renamed (the directory fsynced for `fsync` queues, whose
+  appends' fdatasync then also writes back the header). Creating a segment costs
+  several ms of syncs on a busy disk and a page fault per 4 KiB when first written,
+  about as long as filling a 4 MiB segment: spares take both off the writer's path.
+  Before the rename nothing changed (a `.tmp` or spare is removed at the next open);
+  after it, the new segment is simply the newest and the one before it can receive
+  nothing more, since only the newest segment is ever written. After a power cut (only
+  then can the page cache lose what was written) a renamed spare may come back with no
+  header at all, or with its old one, which starts before the end of the segment
+  before it: nothing in it was synced, so it holds nothing acknowledged as durable.
+  The first is deleted, the second started at that end, and both are reported.
+- deleting: the acknowledged position is persisted in the segment first, then the file
+  is unlinked. A crash in between leaves a segment whose records are all acknowledged:
+  it opens empty and is deleted again. A segment that still holds unacknowledged
+  records is deleted only by `drop_oldest`, after its records were counted as dropped.
+- opening: segments are opened in number order, and each must start at or after the
+  sequence where the one before it ends; a gap is records lost with a torn tail (the
+  segment's own recovery counts them), an overlap is damage (CorruptQueueError).
+
+The bounds: `capacity_bytes` (the most record area a queue may chain) and the spool's
+disk budget, asked before each new segment. Beyond them the full-queue policy applies:
+`reject` raises, `block` waits for the sender to free room, `drop_oldest` deletes the
+oldest segment and counts its records as dropped (a queue bounded to a single segment
+drops its oldest records one by one, inside the ring, as a version-1 ring did).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from eventspool._core.native import APPEND_BAD_LENGTH, APPEND_CLOSED, RingCore
+from eventspool.clock import Clock
+from eventspool.config import Durability, FullPolicy, QueueSettings
+from eventspool.errors import CorruptQueueError, QueueFileError, SpoolClosedError, SpoolFullError
+from eventspool.spool.ring import (
+    HEADER_SIZE,
+    Record,
+    RecoveryReport,
+    RingQueue,
+    SyncObserver,
+    allocated_bytes,
+    create_file,
+    frame_size,
+    fsync_directory,
+    segment_capacity,
+)
+
+SUFFIX = ".queue"
+SPARE_SUFFIX = ".spare"
+# Spares a queue with a backlog keeps ready: two, as one creation can take longer than
+# the writer takes to fill a segment.
+SPARES_AHEAD = 2
+# What RingCore.read_for_kafka gives: (sequence, key, value, create ms, headers or None).
+KafkaRecords = list[
+    tuple[int, bytes | None, bytes | None, int, list[tuple[str, str | bytes | None]] | None]
+]
+_Read = TypeVar("_Read")
+# Runs a job on another thread (an executor's `submit`): where spare segments are made.
+Background = Callable[[Callable[[], None]], object]
+
+log = logging.getLogger("eventspool.spool")
+_TMP_SUFFIX = ".tmp"
+
+
+def segment_path(directory: Path, queue: str, number: int) -> Path:
+    """The file of segment `number` of queue `queue` (segment 0 keeps the version-1 name)."""
+    return directory / (f"{queue}{SUFFIX}" if number == 0 else f"{queue}.{number}{SUFFIX}")
+
+
+def parse_segment_name(name: str) -> tuple[str, int] | None:
+    """(queue, segment number) of a segment file's name, or None for any other file."""
+    if not name.endswith(SUFFIX):
+        return None
+    queue, _, number = name[: -len(SUFFIX)].partition(".")
+    if not (queue.isdigit() or queue == "pending"):
+        return None
+    if not number:
+        return queue, 0
+    return (queue, int(number)) if number.isdigit() and int(number) > 0 else None
+
+
+class SegmentSpace(Protocol):
+    """Where a queue asks for disk: the spool's budget (registry.py)."""
+
+    def first(self, path: Path, make: Callable[[], None]) -> int:
+        """Run `make` to create a queue's first segment at `path`; its allocated bytes.
+
+        Raises SpoolBudgetError when the budget refuses it.
+        """
+
+    def grow(self, path: Path, size: int, make: Callable[[], None]) -> int | None:
+        """Run `make` for a further segment of `size` bytes if the budget has room; its
+        allocated bytes, or None when it has not."""
+
+    def removed(self, allocated: int) -> None:
+        """A segment file of `allocated` bytes was deleted."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    path: str
+    segments: int
+    allocated_bytes: int
+    capacity: int
+    depth: int
+    bytes: int
+    oldest_age_ms: int | None
+    head_seq: int
+    read_seq: int
+    next_seq: int
+    dropped: int
+    skipped_total: int
+
+
+@dataclass(slots=True)
+class _Segment:
+    number: int
+    ring: RingQueue
+    allocated: int
+
+
+class SegmentedQueue:
+    """A durable FIFO of byte payloads over a chain of ring segments (see the module).
+
+    Thread-safe, with RingQueue's contract: `append` returns once the record is in the
+    file (and, under `fsync` durability, written back); records are handed out in order
+    by `read_batch` / `read_for_kafka` and removed for good by `ack`; after a crash every
+    record appended and not acknowledged is found again.
+
+    `on_write_core` is told the compiled core of each new write segment: the topic's
+    route writes straight into it (TopicRoute.set_ring). With `background`, a queue that
+    has chained a segment prepares the next one there, as a spare, while its backlog
+    lasts; without it, every segment is made when it is needed.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        name: str,
+        settings: QueueSettings,
+        space: SegmentSpace,
+        clock: Clock,
+        *,
+        max_payload: int,
+        on_fsync: SyncObserver | None = None,
+        on_write_core: Callable[[RingCore], None] | None = None,
+        background: Background | None = None,
+    ) -> None:
+        self.directory = directory
+        self.name = name
+        self.path = segment_path(directory, name, 0)
+        self.settings = settings
+        self._space = space
+        self._clock = clock
+        self._max_payload = max_payload
+        self._on_fsync = on_fsync
+        self._on_write_core = on_write_core
+        self._background = background
+        self._spares: list[_Segment] = []
+        self._spares_coming = 0
+        self._spare_names = 0
+        self._segment_capacity = segment_capacity(settings)
+        self._max_capacity = max(settings.capacity_bytes, self._segment_capacity)
+        # A queue that can never chain keeps version 1's drop_oldest: one record at a time.
+        self._single = self._max_capacity < 2 * self._segment_capacity
+        policy = settings.full_policy if self._single else FullPolicy.REJECT
+        self._ring_settings = replace(
+            settings, capacity_bytes=self._segment_capacity, full_policy=policy
+        )
+        self._lock = threading.Lock()
+        # Writers waiting for room under `block`; ack() and deletions wake them.
+        self._room = threading.Condition(self._lock)
+        self._segments: list[_Segment] = []
+        self._reading = 0  # index of the segment the sender reads from
+        self._closed = False
+        try:
+            self.recovery = self._open_segments()
+        except BaseException:
+            for segment in self._segments:
+                segment.ring.close()
+            raise
+
+    # ---- opening ---------------------------------------------------------------
+
+    def _open_segments(self) -> RecoveryReport:
+        found = sorted(_segment_files(self.directory, self.name))
+        for index, (number, path) in enumerate(found):
+            if index and _never_written(path):
+                log.error("%s: a spare whose header a power cut lost; deleted", path)
+                self._space.removed(allocated_bytes(path))
+                path.unlink()
+                continue
+            self._segments.append(_Segment(number, self._open_ring(path), allocated_bytes(path)))
+        if not self._segments:
+            path = segment_path(self.directory, self.name, 0)
+            allocated = self._space.first(path, lambda: create_file(path, self._segment_capacity))
+            self._segments.append(_Segment(0, self._open_ring(path), allocated))
+        for older, newer in zip(self._segments, self._segments[1:], strict=False):
+            older.ring.core.seal()
+            if newer.ring.head_seq < older.ring.next_seq and not newer.ring.depth:
+                # A spare whose rewritten header a power cut lost (see the module).
+                core = older.ring.core
+                newer.ring.core.restart(core.next_seq, core.dropped, core.skipped)
+            if newer.ring.head_seq < older.ring.next_seq:
+                raise CorruptQueueError(
+                    str(newer.ring.path),
+                    f"starts at sequence {newer.ring.head_seq}, before the end "
+                    f"({older.ring.next_seq}) of {older.ring.path.name}",
+                )
+        reports = [segment.ring.recovery for segment in self._segments]
+        skipped_before = sum(report.skipped_records for report in reports[:-1])
+        if skipped_before:
+            # The queue's totals live in its newest segment, the one that survives.
+            self._writer.core.add_counts(0, skipped_before)
+        with self._lock:
+            self._collect()
+        damaged = [r for r in reports if r.corrupt_tail]
+        return RecoveryReport(
+            records=sum(r.records for r in reports),
+            bytes=sum(r.bytes for r in reports),
+            skipped_records=sum(r.skipped_records for r in reports),
+            corrupt_tail=bool(damaged),
+            stop_reason=damaged[0].stop_reason if damaged else "clean end",
+        )
+
+    def _open_ring(self, path: Path) -> RingQueue:
+        return RingQueue.open(
+            path,
+            self._ring_settings,
+            max_payload=self._max_payload,
+            clock=self._clock,
+            create=False,
+            on_fsync=self._on_fsync,
+        )
+
+    @property
+    def where(self) -> str:
+        """The queue for people: `<topic>/<queue file>`."""
+        return f"{self.directory.name}/{self.path.name}"
+
+    @property
+    def _writer(self) -> RingQueue:
+        return self._segments[-1].ring
+
+    @property
+    def write_core(self) -> RingCore:
+        """The compiled core appends go to now."""
+        return self._writer.core
+
+    # ---- writing ---------------------------------------------------------------
+
+    def append(self, payload: bytes, timestamp_ms: int | None = None) -> int:
+        """Append one record; returns its sequence once it is as durable as configured.
+
+        Raises SpoolFullError at the queue's maximum under `reject` (or after
+        `block_timeout_s` under `block`), DiskFullError when a new segment does not fit
+        on the disk, InvalidEventError for an empty or too large payload.
+        """
+        ts = self._clock.now_ms() if timestamp_ms is None else timestamp_ms
+        deadline: float | None = None
+        while True:
+            ring = self._writer
+            seq = ring.core.append(payload, ts)
+            if seq >= 0:
+                ring.wait_durable(seq)
+                return int(seq)
+            if seq == APPEND_BAD_LENGTH:
+                raise ring.bad_length(len(payload))
+            if seq == APPEND_CLOSED:
+                raise SpoolClosedError(f"queue {self.path} is closed")
+            deadline = self.make_room(ring, frame_size(len(payload)), deadline)
+
+    def append_many(self, payloads: list[bytes], timestamp_ms: int | None = None) -> int:
+        """Append records in order, with one sync per segment; returns the first sequence.
+
+        When the queue fills under `reject` or `block`, the exception is raised and the
+        records appended before it stay appended.
+        """
+        max_payload = self._writer.core.max_payload
+        for payload in payloads:
+            if not 0 < len(payload) <= max_payload:
+                raise self._writer.bad_length(len(payload))
+        ts = self._clock.now_ms() if timestamp_ms is None else timestamp_ms
+        first: int | None = None
+        written_to: dict[RingQueue, int] = {}
+        deadline: float | None = None
+        rest = payloads
+        try:
+            while rest:
+                ring = self._writer
+                start, written, status = ring.core.append_many(rest, ts)
+                if written:
+                    first = start if first is None else first
+                    written_to[ring] = start + written - 1
+                    rest = rest[written:]
+                if status == APPEND_CLOSED:
+                    raise SpoolClosedError(f"queue {self.path} is closed")
+                if status:
+                    deadline = self.make_room(ring, frame_size(len(rest[0])), deadline)
+        finally:
+            for ring, last in written_to.items():
+                ring.wait_durable(last)
+        return self.next_seq if first is None else int(first)
+
+    def make_room(self, full: RingQueue, size: int, deadline: float | None) -> float | None:
+        """Make a frame of `size` bytes fit after `full` refused it: chain a new segment,
+        or apply the full-queue policy. Returns the `block` deadline to pass again."""
+        with self._lock:
+            if self._closed:
+                raise SpoolClosedError(f"queue {self.path} is closed")
+            writer = self._writer
+            if writer is not full or writer.core.fits(size) or writer.core.drop_oldest:
+                return deadline  # chained or freed meanwhile: try again
+            if self._grow():
+                return deadline
+            policy = self.settings.full_policy
+            if policy is FullPolicy.DROP_OLDEST:
+                if len(self._segments) > 1:
+                    self._drop_oldest_segment()
+                else:
+                    # No room for a second segment (the budget): drop inside the ring.
+                    writer.core.drop_oldest = True
+                return deadline
+            if policy is FullPolicy.REJECT:
+                raise self._full_error()
+            now = self._clock.monotonic()
+            deadline = now + self.settings.block_timeout_s if deadline is None else deadline
+            if now >= deadline:
+                raise self._full_error()
+            self._room.wait(deadline - now)
+            return deadline
+
+    def _grow(self) -> bool:
+        """Chain a new write segment, if the queue's maximum and the budget allow it."""
+        if self._single or self.capacity + self._segment_capacity > self._max_capacity:
+            return False
+        number = self._segments[-1].number + 1
+        path = segment_path(self.directory, self.name, number)
+        core = self._writer.core
+        start = core.seal()
+        try:
+            segment = self._take_spare(path, start) or self._new_segment(path, start)
+        except BaseException:
+            core.sealed = False
+            raise
+        if segment is None:
+            core.sealed = False
+            return False
+        segment.number = number
+        self._segments.append(segment)
+        if self._on_write_core is not None:
+            self._on_write_core(segment.ring.core)
+        self._want_spare()
+        return True
+
+    def _new_segment(self, path: Path, start: int) -> _Segment | None:
+        """A segment made now, starting at sequence `start`; None when over the budget."""
+        core = self._writer.core
+        allocated = self._space.grow(
+            path,
+            HEADER_SIZE + self._segment_capacity,
+            lambda: create_file(
+                path,
+                self._segment_capacity,
+                start,
+                core.dropped,
+                core.skipped,
+                sync=self.settings.durability is Durability.FSYNC,
+            ),
+        )
+        return None if allocated is None else _Segment(0, self._open_ring(path), allocated)
+
+    def _take_spare(self, path: Path, start: int) -> _Segment | None:
+        """A spare, started at sequence `start` and renamed to `path`, if there is one."""
+        if not self._spares:
+            return None
+        spare = self._spares.pop(0)
+        core = self._writer.core
+        spare.ring.core.restart(start, core.dropped, core.skipped)
+        spare.ring.core.sealed = spare.ring.core.drop_oldest = False  # a recycled segment
+        os.replace(spare.ring.path, path)
+        spare.ring.path = path
+        if self.settings.durability is Durability.FSYNC:
+            fsync_directory(path.parent)
+        return spare
+
+    def _want_spare(self) -> None:
+        """Have segments made in the background, ahead of need, while a backlog grows."""
+        while self._background is not None and (
+            len(self._spares) + self._spares_coming < SPARES_AHEAD
+            and self._room_for(len(self._spares) + self._spares_coming + 1)
+        ):
+            self._spares_coming += 1
+            self._background(functools.partial(self._make_spare, self._spare_path()))
+
+    def _room_for(self, segments: int) -> bool:
+        """Whether the queue's maximum leaves room for this many more segments."""
+        return self.capacity + segments * self._segment_capacity <= self._max_capacity
+
+    def _spare_path(self) -> Path:
+        self._spare_names += 1
+        return self.directory / f"{self.name}{SPARE_SUFFIX}.{self._spare_names}"
+
+    def _make_spare(self, path: Path) -> None:
+        """Create, open and prefault a spare (on the background thread), then offer it.
+
+        Its name is not part of the chain: a crash leaves a spare that the next open
+        removes. Nothing is synced (see the module).
+        """
+        spare = None
+        try:
+            allocated = self._space.grow(
+                path,
+                HEADER_SIZE + self._segment_capacity,
+                lambda: create_file(path, self._segment_capacity, sync=False),
+            )
+            if allocated is not None:
+                spare = _Segment(-1, self._open_ring(path), allocated)
+                spare.ring.core.prefault()
+        except QueueFileError as exc:  # a full disk: the writer meets it, in its own words
+            log.info("no spare segment for %s: %s", self.where, exc)
+        except Exception:
+            log.exception("making a spare segment for %s failed", self.where)
+        with self._lock:
+            self._spares_coming -= 1
+            if spare is None:
+                return
+            if self._closed or len(self._segments) == 1 or len(self._spares) >= SPARES_AHEAD:
+                self._delete(spare)  # not needed any more, or recycled segments came first
+            else:
+                self._spares.append(spare)
+
+    def _drop_spares(self) -> None:
+        """Delete the spares: the backlog is gone, or the queue closed."""
+        while self._spares:
+            self._delete(self._spares.pop())
+
+    def _delete(self, segment: _Segment) -> None:
+        segment.ring.close()
+        with contextlib.suppress(FileNotFoundError):
+            segment.ring.path.unlink()
+        self._space.removed(segment.allocated)
+
+    def _drop_oldest_segment(self) -> None:
+        oldest = self._segments[0]
+        self._writer.core.add_counts(oldest.ring.depth, 0)
+        self._delete_oldest()
+
+    def _delete_oldest(self) -> None:
+        """Delete the oldest segment (never the write segment), or keep it as a spare while
+        the backlog lasts and spares are wanted; call with the lock held."""
+        oldest = self._segments.pop(0)
+        self._reading = max(0, self._reading - 1)
+        if (
+            self._background is not None
+            and len(self._segments) > 1
+            and not oldest.ring.depth
+            and len(self._spares) < SPARES_AHEAD
+            and oldest.ring.capacity == self._segment_capacity
+        ):
+            spare = self._spare_path()
+            os.replace(oldest.ring.path, spare)
+            oldest.ring.path = spare
+            self._spares.append(oldest)
+        else:
+            self._delete(oldest)
+        self._room.notify_all()
+
+    def _collect(self) -> None:
+        """Delete the sealed segments at the front whose records are all acknowledged,
+        and the spare once the queue is back to one segment."""
+        while len(self._segments) > 1 and not self._segments[0].ring.depth:
+            self._delete_oldest()
+        if len(self._segments) == 1:
+            self._drop_spares()
+
+    def _full_error(self) -> SpoolFullError:
+        return SpoolFullError(
+            f"queue {self.where} is full: {len(self._segments)} segment(s) of "
+            f"{self._segment_capacity} bytes hold {self.depth} unsent records, at the "
+            f"queue's maximum of {self._max_capacity} bytes (capacity_bytes) or the "
+            f"spool's disk budget (policy {self.settings.full_policy.value})"
+        )
+
+    # ---- reading ---------------------------------------------------------------
+
+    def read_batch(self, max_records: int = 500, max_bytes: int = 1 << 20) -> list[Record]:
+        """Hand out the next records after those already handed out, without removing them.
+
+        Records come from one segment per call; at least one when any is waiting.
+        """
+        return [
+            Record(*fields) for fields in self._read(RingCore.read_records, max_records, max_bytes)
+        ]
+
+    def read_for_kafka(self, max_records: int, max_bytes: int) -> KafkaRecords:
+        """The next records as RingCore.read_for_kafka gives them, oldest segment first."""
+        return self._read(RingCore.read_for_kafka, max_records, max_bytes)
+
+    def _read(
+        self,
+        read: Callable[[RingCore, int, int], list[_Read]],
+        max_records: int,
+        max_bytes: int,
+    ) -> list[_Read]:
+        with self._lock:
+            if self._closed:
+                raise SpoolClosedError(f"queue {self.path} is closed")
+            while True:
+                batch = read(self._segments[self._reading].ring.core, max_records, max_bytes)
+                if batch or self._reading == len(self._segments) - 1:
+                    return batch
+                self._reading += 1  # a sealed segment read to its end
+
+    def rewind(self) -> None:
+        """Hand out again every record not yet acknowledged (after a failed send)."""
+        with self._lock:
+            for segment in self._segments:
+                segment.ring.rewind()
+            self._reading = 0
+
+    def ack(self, up_to_seq: int) -> None:
+        """Remove every record up to and including `up_to_seq` for good.
+
+        Acknowledging a record already removed (acknowledged, or dropped by drop_oldest
+        while it was being sent) does nothing: the position never moves back. A sealed
+        segment acknowledged to its end is deleted.
+        """
+        with self._lock:
+            if up_to_seq >= self._read_seq():
+                raise ValueError(
+                    f"cannot acknowledge sequence {up_to_seq} of {self.path.name}: "
+                    f"only records below {self._read_seq()} were handed out"
+                )
+            for segment in self._segments:
+                ring = segment.ring
+                if up_to_seq < ring.head_seq:
+                    break
+                if ring.depth:
+                    ring.ack(min(up_to_seq, ring.next_seq - 1))
+                if up_to_seq < ring.next_seq:
+                    break
+            self._collect()
+            if not self._single:
+                # Room may be back in the budget: let a full write segment chain again.
+                self._writer.core.drop_oldest = False
+            if self.settings.full_policy is FullPolicy.BLOCK:
+                self._room.notify_all()
+
+    def _read_seq(self) -> int:
+        return int(self._segments[self._reading].ring.core.read_seq)
+
+    # ---- state -----------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return sum(segment.ring.capacity for segment in self._segments)
+
+    @property
+    def segments(self) -> int:
+        return len(self._segments)
+
+    @property
+    def allocated(self) -> int:
+        """Bytes the queue's files take on disk, its spare included."""
+        return sum(segment.allocated for segment in [*self._segments, *self._spares])
+
+    @property
+    def is_open(self) -> bool:
+        return not self._closed
+
+    @property
+    def head_seq(self) -> int:
+        """Sequence of the oldest record not yet acknowledged."""
+        return self._segments[0].ring.head_seq
+
+    @property
+    def next_seq(self) -> int:
+        return self._writer.next_seq
+
+    @property
+    def depth(self) -> int:
+        return sum(segment.ring.depth for segment in self._segments)
+
+    @property
+    def unread(self) -> int:
+        return sum(segment.ring.unread for segment in self._segments)
+
+    @property
+    def syncs(self) -> int:
+        return sum(segment.ring.syncs for segment in self._segments)
+
+    def stats(self) -> QueueStats:
+        with self._lock:
+            segments = list(self._segments)
+            read_seq = self._read_seq()
+            allocated = self.allocated
+        oldest = next((s.ring for s in segments if s.ring.depth), None)
+        oldest_ts = -1 if oldest is None else oldest.core.oldest_timestamp()
+        newest = segments[-1].ring.core
+        return QueueStats(
+            path=str(self.path),
+            segments=len(segments),
+            allocated_bytes=allocated,
+            capacity=sum(s.ring.capacity for s in segments),
+            depth=sum(s.ring.depth for s in segments),
+            bytes=sum(s.ring.core.tail - s.ring.core.head for s in segments),
+            oldest_age_ms=None if oldest_ts < 0 else max(0, self._clock.now_ms() - oldest_ts),
+            head_seq=segments[0].ring.head_seq,
+            read_seq=read_seq,
+            next_seq=newest.next_seq,
+            dropped=newest.dropped,
+            skipped_total=newest.skipped,
+        )
+
+    def close(self) -> None:
+        """Persist the read positions and release the files; later calls raise SpoolClosedError."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._drop_spares()
+            for segment in self._segments:
+                segment.ring.close()
+            self._room.notify_all()
+
+    def delete(self) -> None:
+        """Close the queue and delete its files (a pending queue whose events moved)."""
+        self.close()
+        for segment in self._segments:
+            with contextlib.suppress(FileNotFoundError):
+                segment.ring.path.unlink()
+            self._space.removed(segment.allocated)
+
+    def __enter__(self) -> SegmentedQueue:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _segment_files(directory: Path, queue: str) -> list[tuple[int, Path]]:
+    """The segments of `queue` on disk; a `.tmp` or a spare left by a crash is removed."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        if not name.startswith(f"{queue}."):
+            continue
+        parsed = parse_segment_name(name)
+        if parsed is not None and parsed[0] == queue:
+            found.append((parsed[1], directory / name))
+        elif name.startswith(f"{queue}{SPARE_SUFFIX}.") or (
+            name.endswith(_TMP_SUFFIX)
+            and (parse_segment_name(name[: -len(_TMP_SUFFIX)]) or ("", 0))[0] == queue
+        ):
+            (directory / name).unlink()
+    return found
+
+
+def _never_written(path: Path) -> bool:
+    """Whether the file's header is all zeros: a spare renamed before it reached the disk."""
+    with path.open("rb") as handle:
+        return not any(handle.read(HEADER_SIZE))
+
+
+def append_to_each(queues: Sequence[SegmentedQueue], payload: bytes, timestamp_ms: int) -> None:
+    """Append one payload to every queue, or to none of them; returns once all are durable.
+
+    The write segments' locks are taken, in the order given, before anything is written;
+    the record is written only when each has room for it. A queue without room makes
+    room with every lock let go (a new segment, or its policy: SpoolFullError under
+    `reject`, a wait under `block`, a dropped segment under `drop_oldest`), and
+    everything is checked again. Callers pass the queues in one global order (the spool
+    sorts by topic), or two concurrent calls could deadlock.
+
+    A crash in the middle of the writes may leave the record in some queues only: the
+    call never returned, so nobody was told it succeeded.
+    """
+    length = len(payload)
+    size = frame_size(length)
+    for queue in queues:
+        if not 0 < length <= queue.write_core.max_payload:
+            raise queue._writer.bad_length(length)
+    deadlines: dict[SegmentedQueue, float | None] = {}
+    while True:
+        full: tuple[SegmentedQueue, RingQueue] | None = None
+        writers = [queue._writer for queue in queues]
+        with ExitStack() as held:
+            for ring in writers:
+                ring.core.acquire()
+                held.callback(ring.core.release)
+            for queue, ring in zip(queues, writers, strict=True):
+                if ring.core.closed:
+                    raise SpoolClosedError(f"queue {queue.path} is closed")
+                if not (ring.core.fits_locked(size) or ring.core.drop_oldest):
+                    full = (queue, ring)
+                    break
+            else:
+                seqs = [ring.core.write_locked(payload, timestamp_ms) for ring in writers]
+        if full is None:
+            break
+        queue, ring = full
+        try:
+            deadlines[queue] = queue.make_room(ring, size, deadlines.get(queue))
+        except SpoolFullError as exc:
+            raise SpoolFullError(
+                f"queue {queue.where} is full (policy {queue.settings.full_policy.value}): "
+                f"the event was written to none of its {len(queues)} queues"
+            ) from exc
+    for ring, seq in zip(writers, seqs, strict=True):
+        ring.wait_durable(seq)
