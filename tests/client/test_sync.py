@@ -357,3 +357,98 @@ def test_no_agent_at_a_relative_socket_path_says_where_it_looked_and_what_to_do(
     assert "relative to the current folder" in message
     assert "eventspool agent --config" in message
     assert "EVENTSPOOL_AGENT_SOCKET" in message
+
+
+def _readers() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "eventspool-client-reader"}
+
+
+def test_a_caller_alone_reads_its_own_answers_without_a_reader_thread(
+    agent_factory: AgentFactory, topic_factory: Callable[[int], str]
+) -> None:
+    """Short-lived blocking callers start no thread: starting and joining one was most
+    of their time. The first send_async() starts it, to settle its future."""
+    topic = topic_factory(1)
+    agent = agent_factory()
+    agent.start()
+    before = _readers()
+    with Client(agent.socket_path) as client:
+        chosen = [str(uuid.uuid4()) for _ in range(50)]
+        assert [client.send(topic, b"alone", event_id=event_id) for event_id in chosen] == chosen
+        assert client.send_many(topic, [b"a", b"b"])
+        assert _readers() == before
+        assert client.send_async(topic, b"fired").result(10)
+        assert len(_readers() - before) == 1
+    assert _readers() <= before
+
+
+def test_sixteen_threads_mixing_calls_each_get_their_own_answers(
+    agent_factory: AgentFactory, topic_factory: Callable[[int], str]
+) -> None:
+    """Callers that find the client alone and callers that arrive while one of them has
+    its SEND in flight: every answer goes to its own request (each event's chosen id
+    comes back to the call that sent it)."""
+    topics = [topic_factory(1) for _ in range(3)]
+    agent = agent_factory()
+    agent.start()
+    errors: list[BaseException] = []
+    with Client(agent.socket_path) as client:
+
+        def mix(thread: int) -> None:
+            try:
+                for n in range(60):
+                    topic = topics[(thread + n) % len(topics)]
+                    chosen = [str(uuid.uuid4()) for _ in range(3)]
+                    if n % 3 == 0:
+                        assert client.send(topic, b"one", event_id=chosen[0]) == chosen[0]
+                    elif n % 3 == 1:
+                        batch: list[BatchEvent] = [(b"many", None, None, c) for c in chosen]
+                        assert client.send_many(topic, batch) == chosen
+                    else:
+                        future = client.send_async(topic, b"async", event_id=chosen[0])
+                        assert client.send(topic, b"after", event_id=chosen[1]) == chosen[1]
+                        assert future.result(10) == chosen[0]
+            except BaseException as exc:  # reported by the test thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=mix, args=(n,)) for n in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert client.stats()["connections"] == 1
+    assert not errors, errors[0]
+
+
+def test_a_lone_call_cut_off_by_an_agent_restart_fails_then_the_next_reconnects(
+    agent_factory: AgentFactory, topic_factory: Callable[[int], str]
+) -> None:
+    """The agent dies while a lone caller waits for its answer: the call fails with
+    AgentError (its outcome unknown), and the next call reconnects to the new agent."""
+    topic = topic_factory(1)
+    agent = agent_factory()
+    agent.start()
+    with Client(agent.socket_path, timeout=10.0) as client:
+        client.send(topic, b"connect")
+        os.kill(agent.pid, signal.SIGSTOP)  # the next SEND is written, never answered
+        outcome: list[str | BaseException] = []
+
+        def send() -> None:
+            try:
+                outcome.append(client.send(topic, b"cut off"))
+            except AgentError as exc:
+                outcome.append(exc)
+
+        caller = threading.Thread(target=send)
+        caller.start()
+        time.sleep(0.3)
+        assert client._pipeline._connection is not None
+        assert client._pipeline._connection.in_flight  # written, and waiting in person
+        agent.kill()
+        caller.join(10)
+        assert not caller.is_alive()
+        assert isinstance(outcome[0], AgentError)
+        assert "outcome is unknown" in str(outcome[0])
+        agent.start_answering()
+        chosen = str(uuid.uuid4())
+        assert client.send(topic, b"after the restart", event_id=chosen) == chosen

@@ -133,7 +133,7 @@ class Client:
         """
         reply = Reply(1)
         payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
-        self._pipeline.submit([Waiting(topic, exchange, payload, reply)])
+        self._pipeline.send_alone(Waiting(topic, exchange, payload, reply))
         outcome = self._pipeline.wait(reply)[0]
         if isinstance(outcome, str):
             return outcome
