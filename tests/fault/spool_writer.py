@@ -37,7 +37,8 @@ from eventspool.envelope import decode
 from eventspool.errors import QueueFileError
 from eventspool.pipeline import Spool
 from eventspool.spool.ring import Record, RingQueue
-from eventspool.spool.segments import Background, SegmentedQueue
+from eventspool.spool.segments import SegmentedQueue
+from eventspool.spool.spares import Background
 from eventspool.testing.ledger import LedgerWriter
 from tests.fault.children import emit
 from tests.spool.segment_support import Space

@@ -8,7 +8,8 @@ from pathlib import Path
 from eventspool.clock import SYSTEM_CLOCK
 from eventspool.config import FullPolicy, QueueSettings
 from eventspool.spool.ring import allocated_bytes
-from eventspool.spool.segments import Background, SegmentedQueue
+from eventspool.spool.segments import SegmentedQueue
+from eventspool.spool.spares import Background
 
 SEGMENT = 64 * 1024
 

@@ -13,7 +13,8 @@ from eventspool._core.native import RingCore
 from eventspool.config import FullPolicy, QueueSettings
 from eventspool.errors import CorruptQueueError, SpoolFullError
 from eventspool.spool.ring import RingQueue, create_file
-from eventspool.spool.segments import SegmentedQueue, parse_segment_name, segment_path
+from eventspool.spool.segment_files import parse_segment_name, segment_path
+from eventspool.spool.segments import SegmentedQueue
 from tests.spool.segment_support import SEGMENT, Space, open_queue, segment_files
 
 PAYLOAD = b"x" * 1000  # 1032-byte frames: 63 fit in one segment
@@ -224,7 +225,7 @@ def test_a_growing_queue_makes_its_next_segments_ahead_of_need(tmp_path: Path) -
             jobs.pop()()
         assert spare_files(tmp_path) == ["0.spare.1", "0.spare.2"]
         assert queue.stats().allocated_bytes == space.used
-        spare_cores = [spare.ring.core for spare in queue._spares]
+        spare_cores = [spare.ring.core for spare in queue._spares.ready]
         fill(queue.append, 63)
         assert queue.write_core in spare_cores
         assert segment_files(tmp_path) == ["0.1.queue", "0.2.queue", "0.queue"]

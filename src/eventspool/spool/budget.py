@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from eventspool.clock import Clock
 from eventspool.errors import SpoolBudgetError
@@ -31,6 +32,23 @@ log = logging.getLogger("eventspool.spool")
 
 # One warning per this many seconds at most, however many sends are refused.
 _LOG_EVERY_S = 60.0
+
+
+class SegmentSpace(Protocol):
+    """Where a queue asks for disk: this budget, as registry.py shows it to one queue."""
+
+    def first(self, path: Path, make: Callable[[], None]) -> int:
+        """Run `make` to create a queue's first segment at `path`; its allocated bytes.
+
+        Raises SpoolBudgetError when the budget refuses it.
+        """
+
+    def grow(self, path: Path, size: int, make: Callable[[], None]) -> int | None:
+        """Run `make` for a further segment of `size` bytes if the budget has room; its
+        allocated bytes, or None when it has not."""
+
+    def removed(self, allocated: int) -> None:
+        """A segment file of `allocated` bytes was deleted."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from eventspool.errors import QueueFileError
 from eventspool.spool.lock import is_locked
 from eventspool.spool.registry import PENDING, TOPICS_DIR, load_partition_counts
 from eventspool.spool.ring import RecoveryReport, RingQueue, RingStats
-from eventspool.spool.segments import SUFFIX, parse_segment_name
+from eventspool.spool.segment_files import SUFFIX, parse_segment_name
 
 
 @dataclass(frozen=True, slots=True)

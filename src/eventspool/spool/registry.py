@@ -34,10 +34,12 @@ from eventspool.clock import Clock
 from eventspool.config import SpoolSettings
 from eventspool.envelope import EventIdGenerator, decode
 from eventspool.errors import QueueFileError, SpoolBudgetError
+from eventspool.spool.atomic_append import append_to_each
 from eventspool.spool.budget import DiskBudget
 from eventspool.spool.partitioner import StickyPartitioner, partition_for_key
 from eventspool.spool.ring import HEADER_SIZE, Record, SyncObserver, segment_capacity
-from eventspool.spool.segments import SegmentedQueue, append_to_each, parse_segment_name
+from eventspool.spool.segment_files import parse_segment_name
+from eventspool.spool.segments import SegmentedQueue
 
 PARTITIONS_FILE = "partitions.json"
 TOPICS_DIR = "topics"
@@ -270,7 +272,7 @@ class QueueRegistry:
     def append_to_each(
         self, topics: Sequence[TopicQueues], key: bytes | None, payload: bytes, timestamp_ms: int
     ) -> None:
-        """One event into a queue of each topic: all of them, or none (ring.append_to_each).
+        """One event into a queue of each topic: all of them, or none (`atomic_append`).
 
         `topics` must be distinct and sorted by name: the one order in which every caller
         takes their locks.
@@ -379,7 +381,7 @@ class QueueRegistry:
 
 @dataclass(frozen=True, slots=True)
 class _TopicSpace:
-    """The disk budget as one queue of `topic` sees it (segments.SegmentSpace)."""
+    """The disk budget as one queue of `topic` sees it (budget.SegmentSpace)."""
 
     budget: DiskBudget
     topic: str

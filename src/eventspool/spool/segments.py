@@ -1,13 +1,6 @@
 """One queue as a chain of ring segments: small at rest, as long as its backlog.
 
-Files of a queue `<q>` (a partition number, or `pending`), format version 2 of a spool
-directory::
-
-    <q>.queue        segment 0: a version-1 queue is this one file
-    <q>.<n>.queue    segment n > 0; numbers only grow, the oldest segment is the lowest
-    <q>.spare.<k>    segments kept ahead of need while the queue has a backlog: made in
-                     the background, or acknowledged segments recycled; not part of the
-                     chain (deleted when found at open)
+The files of a queue and their names: segment_files.py.
 
 Every segment is a ring file (ring.py: same header, framing and recovery), preallocated
 at `segment_bytes`. At rest a queue is one segment that wraps. Only when its write
@@ -53,20 +46,18 @@ drops its oldest records one by one, inside the ring, as a version-1 ring did).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import os
 import threading
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from eventspool._core.native import APPEND_BAD_LENGTH, APPEND_CLOSED, RingCore
 from eventspool.clock import Clock
 from eventspool.config import Durability, FullPolicy, QueueSettings
-from eventspool.errors import CorruptQueueError, QueueFileError, SpoolClosedError, SpoolFullError
+from eventspool.errors import CorruptQueueError, SpoolClosedError, SpoolFullError
+from eventspool.spool.budget import SegmentSpace
 from eventspool.spool.ring import (
     HEADER_SIZE,
     Record,
@@ -76,59 +67,18 @@ from eventspool.spool.ring import (
     allocated_bytes,
     create_file,
     frame_size,
-    fsync_directory,
     segment_capacity,
 )
+from eventspool.spool.segment_files import Segment, find_segments, never_written, segment_path
+from eventspool.spool.spares import Background, Spares
 
-SUFFIX = ".queue"
-SPARE_SUFFIX = ".spare"
-# Spares a queue with a backlog keeps ready: two, as one creation can take longer than
-# the writer takes to fill a segment.
-SPARES_AHEAD = 2
 # What RingCore.read_for_kafka gives: (sequence, key, value, create ms, headers or None).
 KafkaRecords = list[
     tuple[int, bytes | None, bytes | None, int, list[tuple[str, str | bytes | None]] | None]
 ]
 _Read = TypeVar("_Read")
-# Runs a job on another thread (an executor's `submit`): where spare segments are made.
-Background = Callable[[Callable[[], None]], object]
 
 log = logging.getLogger("eventspool.spool")
-_TMP_SUFFIX = ".tmp"
-
-
-def segment_path(directory: Path, queue: str, number: int) -> Path:
-    """The file of segment `number` of queue `queue` (segment 0 keeps the version-1 name)."""
-    return directory / (f"{queue}{SUFFIX}" if number == 0 else f"{queue}.{number}{SUFFIX}")
-
-
-def parse_segment_name(name: str) -> tuple[str, int] | None:
-    """(queue, segment number) of a segment file's name, or None for any other file."""
-    if not name.endswith(SUFFIX):
-        return None
-    queue, _, number = name[: -len(SUFFIX)].partition(".")
-    if not (queue.isdigit() or queue == "pending"):
-        return None
-    if not number:
-        return queue, 0
-    return (queue, int(number)) if number.isdigit() and int(number) > 0 else None
-
-
-class SegmentSpace(Protocol):
-    """Where a queue asks for disk: the spool's budget (registry.py)."""
-
-    def first(self, path: Path, make: Callable[[], None]) -> int:
-        """Run `make` to create a queue's first segment at `path`; its allocated bytes.
-
-        Raises SpoolBudgetError when the budget refuses it.
-        """
-
-    def grow(self, path: Path, size: int, make: Callable[[], None]) -> int | None:
-        """Run `make` for a further segment of `size` bytes if the budget has room; its
-        allocated bytes, or None when it has not."""
-
-    def removed(self, allocated: int) -> None:
-        """A segment file of `allocated` bytes was deleted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,13 +95,6 @@ class QueueStats:
     next_seq: int
     dropped: int
     skipped_total: int
-
-
-@dataclass(slots=True)
-class _Segment:
-    number: int
-    ring: RingQueue
-    allocated: int
 
 
 class SegmentedQueue:
@@ -190,10 +133,6 @@ class SegmentedQueue:
         self._max_payload = max_payload
         self._on_fsync = on_fsync
         self._on_write_core = on_write_core
-        self._background = background
-        self._spares: list[_Segment] = []
-        self._spares_coming = 0
-        self._spare_names = 0
         self._segment_capacity = segment_capacity(settings)
         self._max_capacity = max(settings.capacity_bytes, self._segment_capacity)
         # A queue that can never chain keeps version 1's drop_oldest: one record at a time.
@@ -205,7 +144,19 @@ class SegmentedQueue:
         self._lock = threading.Lock()
         # Writers waiting for room under `block`; ack() and deletions wake them.
         self._room = threading.Condition(self._lock)
-        self._segments: list[_Segment] = []
+        self._spares = Spares(
+            directory,
+            name,
+            where=self.where,
+            background=background,
+            space=space,
+            segment_capacity=self._segment_capacity,
+            fsync=settings.durability is Durability.FSYNC,
+            lock=self._lock,
+            open_ring=self._open_ring,
+            delete=self._delete,
+        )
+        self._segments: list[Segment] = []
         self._reading = 0  # index of the segment the sender reads from
         self._closed = False
         try:
@@ -218,18 +169,18 @@ class SegmentedQueue:
     # ---- opening ---------------------------------------------------------------
 
     def _open_segments(self) -> RecoveryReport:
-        found = sorted(_segment_files(self.directory, self.name))
+        found = sorted(find_segments(self.directory, self.name))
         for index, (number, path) in enumerate(found):
-            if index and _never_written(path):
+            if index and never_written(path):
                 log.error("%s: a spare whose header a power cut lost; deleted", path)
                 self._space.removed(allocated_bytes(path))
                 path.unlink()
                 continue
-            self._segments.append(_Segment(number, self._open_ring(path), allocated_bytes(path)))
+            self._segments.append(Segment(number, self._open_ring(path), allocated_bytes(path)))
         if not self._segments:
             path = segment_path(self.directory, self.name, 0)
             allocated = self._space.first(path, lambda: create_file(path, self._segment_capacity))
-            self._segments.append(_Segment(0, self._open_ring(path), allocated))
+            self._segments.append(Segment(0, self._open_ring(path), allocated))
         for older, newer in zip(self._segments, self._segments[1:], strict=False):
             older.ring.core.seal()
             if newer.ring.head_seq < older.ring.next_seq and not newer.ring.depth:
@@ -246,7 +197,7 @@ class SegmentedQueue:
         skipped_before = sum(report.skipped_records for report in reports[:-1])
         if skipped_before:
             # The queue's totals live in its newest segment, the one that survives.
-            self._writer.core.add_counts(0, skipped_before)
+            self.writer.core.add_counts(0, skipped_before)
         with self._lock:
             self._collect()
         damaged = [r for r in reports if r.corrupt_tail]
@@ -274,13 +225,14 @@ class SegmentedQueue:
         return f"{self.directory.name}/{self.path.name}"
 
     @property
-    def _writer(self) -> RingQueue:
+    def writer(self) -> RingQueue:
+        """The write segment's ring: the newest, the only one appends go to."""
         return self._segments[-1].ring
 
     @property
     def write_core(self) -> RingCore:
         """The compiled core appends go to now."""
-        return self._writer.core
+        return self.writer.core
 
     # ---- writing ---------------------------------------------------------------
 
@@ -294,7 +246,7 @@ class SegmentedQueue:
         ts = self._clock.now_ms() if timestamp_ms is None else timestamp_ms
         deadline: float | None = None
         while True:
-            ring = self._writer
+            ring = self.writer
             seq = ring.core.append(payload, ts)
             if seq >= 0:
                 ring.wait_durable(seq)
@@ -311,10 +263,10 @@ class SegmentedQueue:
         When the queue fills under `reject` or `block`, the exception is raised and the
         records appended before it stay appended.
         """
-        max_payload = self._writer.core.max_payload
+        max_payload = self.writer.core.max_payload
         for payload in payloads:
             if not 0 < len(payload) <= max_payload:
-                raise self._writer.bad_length(len(payload))
+                raise self.writer.bad_length(len(payload))
         ts = self._clock.now_ms() if timestamp_ms is None else timestamp_ms
         first: int | None = None
         written_to: dict[RingQueue, int] = {}
@@ -322,7 +274,7 @@ class SegmentedQueue:
         rest = payloads
         try:
             while rest:
-                ring = self._writer
+                ring = self.writer
                 start, written, status = ring.core.append_many(rest, ts)
                 if written:
                     first = start if first is None else first
@@ -343,7 +295,7 @@ class SegmentedQueue:
         with self._lock:
             if self._closed:
                 raise SpoolClosedError(f"queue {self.path} is closed")
-            writer = self._writer
+            writer = self.writer
             if writer is not full or writer.core.fits(size) or writer.core.drop_oldest:
                 return deadline  # chained or freed meanwhile: try again
             if self._grow():
@@ -371,10 +323,10 @@ class SegmentedQueue:
             return False
         number = self._segments[-1].number + 1
         path = segment_path(self.directory, self.name, number)
-        core = self._writer.core
+        core = self.writer.core
         start = core.seal()
         try:
-            segment = self._take_spare(path, start) or self._new_segment(path, start)
+            segment = self._spares.take(path, start, core) or self._new_segment(path, start)
         except BaseException:
             core.sealed = False
             raise
@@ -385,12 +337,12 @@ class SegmentedQueue:
         self._segments.append(segment)
         if self._on_write_core is not None:
             self._on_write_core(segment.ring.core)
-        self._want_spare()
+        self._spares.want(self._room_for, self._has_backlog)
         return True
 
-    def _new_segment(self, path: Path, start: int) -> _Segment | None:
+    def _new_segment(self, path: Path, start: int) -> Segment | None:
         """A segment made now, starting at sequence `start`; None when over the budget."""
-        core = self._writer.core
+        core = self.writer.core
         allocated = self._space.grow(
             path,
             HEADER_SIZE + self._segment_capacity,
@@ -403,74 +355,17 @@ class SegmentedQueue:
                 sync=self.settings.durability is Durability.FSYNC,
             ),
         )
-        return None if allocated is None else _Segment(0, self._open_ring(path), allocated)
+        return None if allocated is None else Segment(0, self._open_ring(path), allocated)
 
-    def _take_spare(self, path: Path, start: int) -> _Segment | None:
-        """A spare, started at sequence `start` and renamed to `path`, if there is one."""
-        if not self._spares:
-            return None
-        spare = self._spares.pop(0)
-        core = self._writer.core
-        spare.ring.core.restart(start, core.dropped, core.skipped)
-        spare.ring.core.sealed = spare.ring.core.drop_oldest = False  # a recycled segment
-        os.replace(spare.ring.path, path)
-        spare.ring.path = path
-        if self.settings.durability is Durability.FSYNC:
-            fsync_directory(path.parent)
-        return spare
-
-    def _want_spare(self) -> None:
-        """Have segments made in the background, ahead of need, while a backlog grows."""
-        while self._background is not None and (
-            len(self._spares) + self._spares_coming < SPARES_AHEAD
-            and self._room_for(len(self._spares) + self._spares_coming + 1)
-        ):
-            self._spares_coming += 1
-            self._background(functools.partial(self._make_spare, self._spare_path()))
+    def _has_backlog(self) -> bool:
+        """Whether a spare made now is still wanted: the queue is open and chained."""
+        return not self._closed and len(self._segments) > 1
 
     def _room_for(self, segments: int) -> bool:
         """Whether the queue's maximum leaves room for this many more segments."""
         return self.capacity + segments * self._segment_capacity <= self._max_capacity
 
-    def _spare_path(self) -> Path:
-        self._spare_names += 1
-        return self.directory / f"{self.name}{SPARE_SUFFIX}.{self._spare_names}"
-
-    def _make_spare(self, path: Path) -> None:
-        """Create, open and prefault a spare (on the background thread), then offer it.
-
-        Its name is not part of the chain: a crash leaves a spare that the next open
-        removes. Nothing is synced (see the module).
-        """
-        spare = None
-        try:
-            allocated = self._space.grow(
-                path,
-                HEADER_SIZE + self._segment_capacity,
-                lambda: create_file(path, self._segment_capacity, sync=False),
-            )
-            if allocated is not None:
-                spare = _Segment(-1, self._open_ring(path), allocated)
-                spare.ring.core.prefault()
-        except QueueFileError as exc:  # a full disk: the writer meets it, in its own words
-            log.info("no spare segment for %s: %s", self.where, exc)
-        except Exception:
-            log.exception("making a spare segment for %s failed", self.where)
-        with self._lock:
-            self._spares_coming -= 1
-            if spare is None:
-                return
-            if self._closed or len(self._segments) == 1 or len(self._spares) >= SPARES_AHEAD:
-                self._delete(spare)  # not needed any more, or recycled segments came first
-            else:
-                self._spares.append(spare)
-
-    def _drop_spares(self) -> None:
-        """Delete the spares: the backlog is gone, or the queue closed."""
-        while self._spares:
-            self._delete(self._spares.pop())
-
-    def _delete(self, segment: _Segment) -> None:
+    def _delete(self, segment: Segment) -> None:
         segment.ring.close()
         with contextlib.suppress(FileNotFoundError):
             segment.ring.path.unlink()
@@ -478,7 +373,7 @@ class SegmentedQueue:
 
     def _drop_oldest_segment(self) -> None:
         oldest = self._segments[0]
-        self._writer.core.add_counts(oldest.ring.depth, 0)
+        self.writer.core.add_counts(oldest.ring.depth, 0)
         self._delete_oldest()
 
     def _delete_oldest(self) -> None:
@@ -486,18 +381,7 @@ class SegmentedQueue:
         the backlog lasts and spares are wanted; call with the lock held."""
         oldest = self._segments.pop(0)
         self._reading = max(0, self._reading - 1)
-        if (
-            self._background is not None
-            and len(self._segments) > 1
-            and not oldest.ring.depth
-            and len(self._spares) < SPARES_AHEAD
-            and oldest.ring.capacity == self._segment_capacity
-        ):
-            spare = self._spare_path()
-            os.replace(oldest.ring.path, spare)
-            oldest.ring.path = spare
-            self._spares.append(oldest)
-        else:
+        if not (len(self._segments) > 1 and not oldest.ring.depth and self._spares.recycle(oldest)):
             self._delete(oldest)
         self._room.notify_all()
 
@@ -507,7 +391,7 @@ class SegmentedQueue:
         while len(self._segments) > 1 and not self._segments[0].ring.depth:
             self._delete_oldest()
         if len(self._segments) == 1:
-            self._drop_spares()
+            self._spares.drop()
 
     def _full_error(self) -> SpoolFullError:
         return SpoolFullError(
@@ -578,7 +462,7 @@ class SegmentedQueue:
             self._collect()
             if not self._single:
                 # Room may be back in the budget: let a full write segment chain again.
-                self._writer.core.drop_oldest = False
+                self.writer.core.drop_oldest = False
             if self.settings.full_policy is FullPolicy.BLOCK:
                 self._room.notify_all()
 
@@ -598,7 +482,7 @@ class SegmentedQueue:
     @property
     def allocated(self) -> int:
         """Bytes the queue's files take on disk, its spare included."""
-        return sum(segment.allocated for segment in [*self._segments, *self._spares])
+        return sum(segment.allocated for segment in [*self._segments, *self._spares.ready])
 
     @property
     def is_open(self) -> bool:
@@ -611,7 +495,7 @@ class SegmentedQueue:
 
     @property
     def next_seq(self) -> int:
-        return self._writer.next_seq
+        return self.writer.next_seq
 
     @property
     def depth(self) -> int:
@@ -654,7 +538,7 @@ class SegmentedQueue:
             if self._closed:
                 return
             self._closed = True
-            self._drop_spares()
+            self._spares.drop()
             for segment in self._segments:
                 segment.ring.close()
             self._room.notify_all()
@@ -672,78 +556,3 @@ class SegmentedQueue:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _segment_files(directory: Path, queue: str) -> list[tuple[int, Path]]:
-    """The segments of `queue` on disk; a `.tmp` or a spare left by a crash is removed."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    found = []
-    for name in names:
-        if not name.startswith(f"{queue}."):
-            continue
-        parsed = parse_segment_name(name)
-        if parsed is not None and parsed[0] == queue:
-            found.append((parsed[1], directory / name))
-        elif name.startswith(f"{queue}{SPARE_SUFFIX}.") or (
-            name.endswith(_TMP_SUFFIX)
-            and (parse_segment_name(name[: -len(_TMP_SUFFIX)]) or ("", 0))[0] == queue
-        ):
-            (directory / name).unlink()
-    return found
-
-
-def _never_written(path: Path) -> bool:
-    """Whether the file's header is all zeros: a spare renamed before it reached the disk."""
-    with path.open("rb") as handle:
-        return not any(handle.read(HEADER_SIZE))
-
-
-def append_to_each(queues: Sequence[SegmentedQueue], payload: bytes, timestamp_ms: int) -> None:
-    """Append one payload to every queue, or to none of them; returns once all are durable.
-
-    The write segments' locks are taken, in the order given, before anything is written;
-    the record is written only when each has room for it. A queue without room makes
-    room with every lock let go (a new segment, or its policy: SpoolFullError under
-    `reject`, a wait under `block`, a dropped segment under `drop_oldest`), and
-    everything is checked again. Callers pass the queues in one global order (the spool
-    sorts by topic), or two concurrent calls could deadlock.
-
-    A crash in the middle of the writes may leave the record in some queues only: the
-    call never returned, so nobody was told it succeeded.
-    """
-    length = len(payload)
-    size = frame_size(length)
-    for queue in queues:
-        if not 0 < length <= queue.write_core.max_payload:
-            raise queue._writer.bad_length(length)
-    deadlines: dict[SegmentedQueue, float | None] = {}
-    while True:
-        full: tuple[SegmentedQueue, RingQueue] | None = None
-        writers = [queue._writer for queue in queues]
-        with ExitStack() as held:
-            for ring in writers:
-                ring.core.acquire()
-                held.callback(ring.core.release)
-            for queue, ring in zip(queues, writers, strict=True):
-                if ring.core.closed:
-                    raise SpoolClosedError(f"queue {queue.path} is closed")
-                if not (ring.core.fits_locked(size) or ring.core.drop_oldest):
-                    full = (queue, ring)
-                    break
-            else:
-                seqs = [ring.core.write_locked(payload, timestamp_ms) for ring in writers]
-        if full is None:
-            break
-        queue, ring = full
-        try:
-            deadlines[queue] = queue.make_room(ring, size, deadlines.get(queue))
-        except SpoolFullError as exc:
-            raise SpoolFullError(
-                f"queue {queue.where} is full (policy {queue.settings.full_policy.value}): "
-                f"the event was written to none of its {len(queues)} queues"
-            ) from exc
-    for ring, seq in zip(writers, seqs, strict=True):
-        ring.wait_durable(seq)
