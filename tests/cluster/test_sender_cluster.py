@@ -101,8 +101,10 @@ def test_a_fatal_producer_error_gets_a_new_producer_and_loses_nothing(
             sent |= _send(spool, topic, 20_000, keyed=True)
             assert spool.flush(30) == 0
         assert spool.sender is not None
-        assert spool.sender.counters.producer_resets == 1
-        assert "fatal producer error" in caplog.text
+        # One reset for the fatal error; on a loaded machine FAST's 1 s no-ack rule may
+        # add one more, which is that rule working, not a second fatal error.
+        assert spool.sender.counters.producer_resets >= 1
+        assert caplog.text.count("fatal producer error") == 1
         sent |= _send(spool, topic, 1_000, keyed=True)
         assert spool.flush(30) == 0
     seen = _read_all(cluster.bootstrap_servers, topic, set(sent))
