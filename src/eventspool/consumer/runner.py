@@ -392,7 +392,9 @@ class Consumer:
     def _shutdown(self, kafka: KafkaConsumerHandle) -> None:
         self._state = "stopping"
         self._publish_status(force=True)
-        assignment = kafka.assignment()
+        # From our own record: librdkafka's assignment() waits on the group thread without
+        # a timeout, and after leader moves and a lost broker it was seen never to answer.
+        assignment = [TopicPartition(topic, partition) for topic, partition in self._partitions]
         if assignment:
             kafka.pause(assignment)
         dispatcher = self._dispatcher
