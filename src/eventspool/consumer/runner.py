@@ -24,9 +24,12 @@ import dataclasses
 import gc
 import logging
 import signal
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Self
 
@@ -67,6 +70,10 @@ _STOP_COMMIT_ATTEMPTS = 5
 _STOP_COMMIT_BACKOFF_S = 0.25
 _STOP_COMMIT_MIN_S = 5.0
 _LAG_JOIN_S = 1.0
+# stop() waits for the poll thread this long beyond `shutdown_timeout_s`: the commit at
+# stop takes at least _STOP_COMMIT_MIN_S, and close() leaves the group. A poll thread
+# still running after that is stuck in a librdkafka call, and stop() says where.
+_STOP_MARGIN_S = _STOP_COMMIT_MIN_S + 30.0
 _FORCED_KAFKA = {"enable.auto.commit": False, "enable.auto.offset.store": False}
 # librdkafka stops fetching for `fetch.queue.backoff.ms` (default 1 s) once its local queue
 # holds `queued.min.messages` of the consumer's partitions together; a consumer that drains
@@ -217,22 +224,35 @@ class Consumer:
     def stop(self, timeout: float | None = None) -> ConsumerStatus:
         """Stop taking events, let running handlers finish (up to `shutdown_timeout_s`),
         commit what is done and leave the group. The status returned names in
-        `uncommitted` the partitions whose finished offsets could not be committed."""
+        `uncommitted` the partitions whose finished offsets could not be committed.
+
+        The wait is bounded (by default `shutdown_timeout_s` plus a margin for the commit
+        and leaving the group): a poll thread stuck in a Kafka call past it raises
+        ConsumerError naming that call, instead of hanging the process that stops."""
         self.request_stop()
-        return self.join(timeout)
+        return self.join(self._stop_bound_s() if timeout is None else timeout)
 
     def join(self, timeout: float | None = None) -> ConsumerStatus:
         """Wait for the poll thread, which commits and leaves the group, and briefly for
         the lag thread: an end-offset probe takes milliseconds, but runs to its timeout
         (10 s) against a partition leader that does not answer, and only the status's
-        end offsets depend on it."""
+        end offsets depend on it. Once a stop was requested, a poll thread still running
+        at `timeout` is an error."""
         if self._threads:
             poll, lag = self._threads
             poll.join(timeout)
             lag.join(_LAG_JOIN_S)
+            if poll.is_alive() and self._stop_requested.is_set():
+                raise ConsumerError(
+                    f"consumer group {self.group!r} did not stop within {timeout:.0f} s: "
+                    f"its poll thread is blocked in {_blocked_in(poll)}"
+                )
         if self._failure is not None:
             raise ConsumerError(f"consumer poll thread failed: {self._failure}") from self._failure
         return self.status()
+
+    def _stop_bound_s(self) -> float:
+        return self._settings.shutdown_timeout_s + _STOP_MARGIN_S
 
     def run(self) -> ConsumerStatus:
         """Start and block until SIGTERM or SIGINT (in the main thread) or `request_stop()`."""
@@ -242,9 +262,9 @@ class Consumer:
                 previous[signum] = signal.signal(signum, self._on_signal)
         try:
             self.start()
-            while not self._stopped.wait(0.5):
+            while not (self._stopped.wait(0.5) or self._stop_requested.is_set()):
                 pass
-            return self.join()
+            return self.join(self._stop_bound_s())
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -480,6 +500,23 @@ class Consumer:
             self._stop_requested,
             self._lag_wakeup,
         )
+
+
+def _blocked_in(thread: threading.Thread) -> str:
+    """Where `thread` waits: its innermost frames in this package, the first being the
+    call into the Kafka client (whose own C frames Python cannot show)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None:
+        return "a call that just returned"
+    package = Path(__file__).parents[1]
+    ours = [
+        entry
+        for entry in traceback.extract_stack(frame)
+        if Path(entry.filename).is_relative_to(package)
+    ]
+    return " <- ".join(
+        f"{Path(entry.filename).name}:{entry.lineno} {entry.line}" for entry in reversed(ours[-3:])
+    )
 
 
 @contextlib.contextmanager
