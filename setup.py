@@ -4,8 +4,14 @@ Everything else about the package is in pyproject.toml; setuptools reads this fi
 for the extension module, which pyproject.toml cannot declare with Cython sources.
 """
 
+import os
+
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+
+# -O2, unless CFLAGS names a level of its own: the sanitizer build asks for -O1.
+LEVEL_GIVEN = any(flag.startswith("-O") for flag in os.environ.get("CFLAGS", "").split())
+OPTIMISATION = [] if LEVEL_GIVEN else ["-O2"]
 
 CORE = Extension(
     "eventspool._core.native",
@@ -23,7 +29,7 @@ CORE = Extension(
         "src/eventspool/_core/transfer.pxi",
         "src/eventspool/_core/wire.pxi",
     ],
-    extra_compile_args=["-O2", "-Wno-unused-function"],
+    extra_compile_args=[*OPTIMISATION, "-Wno-unused-function"],
 )
 
 setup(ext_modules=cythonize([CORE], language_level=3))
