@@ -141,7 +141,8 @@ def test_tail_from_the_end_follows_only_new_records_until_ctrl_c(
     _produce(broker.bootstrap_servers, topic, [b"old-%d" % i for i in range(10)], partition=0)
     follower = subprocess.Popen(
         [
-            *(sys.executable, "-m", "eventspool", "tail", topic, "-o", "end", "--follow"),
+            *(sys.executable, "-X", "faulthandler", "-m", "eventspool", "tail", topic),
+            *("-o", "end", "--follow"),
             *("--bootstrap-servers", broker.bootstrap_servers, "--format", r"%p %o %s\n"),
         ],
         stdout=subprocess.PIPE,
@@ -163,7 +164,14 @@ def test_tail_from_the_end_follows_only_new_records_until_ctrl_c(
             time.sleep(0.5)
         time.sleep(1.0)
         follower.send_signal(signal.SIGINT)
-        assert follower.wait(timeout=20) == 0, follower.stderr.read() if follower.stderr else ""
+        try:
+            assert follower.wait(timeout=20) == 0, follower.stderr.read() if follower.stderr else ""
+        except subprocess.TimeoutExpired:
+            # Seen once in many runs: faulthandler's dump on SIGABRT says where it waits.
+            follower.send_signal(signal.SIGABRT)
+            follower.wait(timeout=10)
+            stderr = follower.stderr.read() if follower.stderr else ""
+            pytest.fail(f"tail --follow did not end within 20 s of SIGINT:\n{stderr}")
         reader.join(timeout=10)
     finally:
         follower.kill()
