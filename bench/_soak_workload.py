@@ -92,6 +92,7 @@ _CATCH_UP_LIMIT_S = 1.0  # a sender that fell further behind its pace skips the 
 _PIDS_EVERY_S = 0.5
 _HTTP_BATCH_MEAN = 4.5  # events per POST: 1-8
 _HTTP_ERRORS = (OSError, http.client.HTTPException, ValueError)
+_HTTP_REFUSALS = {"internal": "agent_internal_error", "shutting_down": "agent_shutting_down"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,11 +318,7 @@ def run_http(args: argparse.Namespace, stop: threading.Event, tally: Tally) -> d
             elif "no space left" in error.lower():
                 tally.refuse("disk_full", error)
             else:
-                reason = {
-                    "internal": "agent_internal_error",
-                    "shutting_down": "agent_shutting_down",
-                }
-                tally.refuse(reason.get(status, status), error)
+                tally.refuse(_HTTP_REFUSALS.get(status, status), error)
         if "results" not in answer:
             tally.refuse(f"http_{response.status}", json.dumps(answer), len(batch))
     if connection is not None:

@@ -224,12 +224,9 @@ def measure(
     sizes: dict[str, dict[str, int]],
     before_rep: Callable[[int], None] | None = None,
 ) -> None:
-    """Every key mode x thread count of every target, `repeats` times.
-
-    The targets are interleaved configuration by configuration within each repetition,
-    so a disturbance (another process on the machine, writeback) hits them alike;
-    `before_rep` runs at the start of each repetition, for the same reason.
-    """
+    """Every key mode x thread count of every target, `repeats` times, the targets
+    interleaved configuration by configuration (as the module docstring says);
+    `before_rep` runs at the start of each repetition, for the same reason."""
     planned: dict[str, tuple[int, int]] = {}
     for target in targets:
         for mode, threads in CONFIGS:

@@ -181,13 +181,19 @@ def outage_leaders(down: int) -> dict[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class ChildSpec:
+    """A child's side and stream; `run_dir` holds its spool, its ledgers and its results."""
+
     side: str
     bootstrap: str
     topic: str
-    directory: str
-    rate: int
-    ledgers: str
-    out: str
+    run_dir: str
+
+    @property
+    def spool(self) -> Path:
+        return Path(self.run_dir) / "spool"
+
+    def path(self, name: str) -> Path:
+        return Path(self.run_dir) / name
 
 
 Stream = tuple["array[int]", "array[int]", dict[str, Any]]  # send times, ack times, notes
@@ -279,7 +285,7 @@ def ack_times_from_heads(
 
 def child_ours(spec: ChildSpec, stop: threading.Event, logs: Mapping[str, LedgerWriter]) -> Stream:
     client_started = time.monotonic_ns()
-    spool = Spool(spec.directory, spec.bootstrap)
+    spool = Spool(spec.spool, spec.bootstrap)
     try:
         topic, send = spec.topic, spool.send
         spool.set_partition_count(topic, PARTITIONS)
@@ -314,7 +320,7 @@ def child_ours(spec: ChildSpec, stop: threading.Event, logs: Mapping[str, Ledger
 
         with head_logs(rings) as heads:
             print(f"ready {client_started}", flush=True)
-            sent = paced(spec.rate, stop, burst, time.sleep, WARMUP_EVENTS)
+            sent = paced(RATE, stop, burst, time.sleep, WARMUP_EVENTS)
             left = spool.flush(FLUSH_TIMEOUT_S)
         partition_of = [partition_for_key(key, PARTITIONS) for key in KEYS]
         partitions = [
@@ -398,7 +404,7 @@ def child_anchor(
         poll(0)
 
     print(f"ready {client_started}", flush=True)
-    paced(spec.rate, stop, burst, poll, WARMUP_EVENTS)
+    paced(RATE, stop, burst, poll, WARMUP_EVENTS)
     notes = {
         "unacknowledged_at_stop": producer.flush(FLUSH_TIMEOUT_S),
         "warmup_partition_counts": warm_counts,
@@ -412,7 +418,7 @@ def child_anchor(
 
 def child_main(argv: Sequence[str]) -> int:
     """Stream until "stop" comes on stdin, then write the send and acknowledgement times
-    (`out`.bin) and the notes (`out`.json)."""
+    (result.bin) and the notes (result.json) in its run directory."""
     spec = ChildSpec(**json.loads(argv[0]))
     stop = threading.Event()
 
@@ -423,13 +429,13 @@ def child_main(argv: Sequence[str]) -> int:
         stop.set()
 
     threading.Thread(target=watch_stdin, daemon=True).start()
-    logs = {log: LedgerWriter(Path(spec.ledgers) / f"{log}.ids") for log in LOGS}
+    logs = {log: LedgerWriter(spec.path(f"{log}.ids")) for log in LOGS}
     stream = child_ours if spec.side == "ours" else child_anchor
     send_ns, ack_ns, notes = stream(spec, stop, logs)
-    with open(spec.out + ".bin", "wb") as handle:
+    with spec.path("result.bin").open("wb") as handle:
         send_ns.tofile(handle)
         ack_ns.tofile(handle)
-    Path(spec.out + ".json").write_text(json.dumps(notes), encoding="utf-8")
+    spec.path("result.json").write_text(json.dumps(notes), encoding="utf-8")
     return 0
 
 
@@ -438,7 +444,6 @@ class FaultTimes:
     """When each fault began (CLOCK_MONOTONIC, ns): `moved` and `down` just before the
     first control call, `up` once the broker is back (its control call returned)."""
 
-    started: int
     moved: int
     down: int
     up: int
@@ -559,7 +564,6 @@ def faulted_run(
     session: Session,
     phases: Phases,
     *,
-    rate: int,
     phase: float,
     at_peak: AtPeak = lambda _child, _spec: None,
 ) -> Iterator[tuple[ChildSpec, Child, FaultTimes]]:
@@ -574,11 +578,8 @@ def faulted_run(
         cluster.create_topic(topic, PARTITIONS, REPLICATION)
         for partition in range(PARTITIONS):
             cluster.set_leader(topic, partition, initial_leader(partition))
-        bootstrap, out = cluster.bootstrap_servers, os.fspath(directory / "result")
-        spool = os.fspath(directory / "spool")
-        spec = ChildSpec(side, bootstrap, topic, spool, rate, os.fspath(directory), out)
-        argv = [json.dumps(asdict(spec))]
-        stderr = directory / "child.stderr"
+        spec = ChildSpec(side, cluster.bootstrap_servers, topic, os.fspath(directory))
+        argv, stderr = [json.dumps(asdict(spec))], spec.path("child.stderr")
         child = Child.of_script(f"{side} child", __file__, argv, stderr, piped=True)
         try:
             word, _, stamp = child.start().read_line().partition(" ")
@@ -602,23 +603,23 @@ def faulted_run(
             sleep_until(down + round(phases.outage_s * 1e9))
             cluster.broker_up(DOWN_BROKER)
             up = time.monotonic_ns()
-            yield spec, child, FaultTimes(started, moved, down, up, client_started_ns, killed)
+            yield spec, child, FaultTimes(moved, down, up, client_started_ns, killed)
         finally:
             child.terminate()
 
 
 def measure(
-    side: str, repetition: int, session: Session, phases: Phases, *, rate: int, phase: float
+    side: str, repetition: int, session: Session, phases: Phases, phase: float
 ) -> tuple[RunFigures, list[int]]:
     """One measured run of `side`; its figures and its warm-up partition counts."""
     name = f"{side}-{repetition}"
-    with faulted_run(name, side, session, phases, rate=rate, phase=phase) as (spec, child, faults):
+    with faulted_run(name, side, session, phases, phase=phase) as (spec, child, faults):
         sleep_until(faults.up + round(phases.tail_s * 1e9))
         child.stop(FLUSH_TIMEOUT_S + 30)
     values = array("q")
-    values.frombytes(Path(spec.out + ".bin").read_bytes())
+    values.frombytes(spec.path("result.bin").read_bytes())
     count = len(values) // 2
-    notes = json.loads(Path(spec.out + ".json").read_text(encoding="utf-8"))
+    notes = json.loads(spec.path("result.json").read_text(encoding="utf-8"))
     result = run_figures(
         side, repetition, send_ns=values[:count], ack_ns=values[count:], faults=faults, notes=notes
     )
@@ -626,7 +627,7 @@ def measure(
 
 
 def kill_run(
-    side: str, repetition: int, session: Session, phases: Phases, *, rate: int, phase: float
+    side: str, repetition: int, session: Session, phases: Phases, phase: float
 ) -> KillFigures:
     """SIGKILL `side` in mid-outage (`Phases.kill_after_down_s`); what of its acknowledged
     events is not in the topic. Ours is restarted at once, as a supervisor would."""
@@ -638,12 +639,12 @@ def kill_run(
         child.kill()
         killed = time.monotonic_ns()
         if side == "ours":
-            restarted.append(Spool(spec.directory, spec.bootstrap))
+            restarted.append(Spool(spec.spool, spec.bootstrap))
             backlog = restarted[0].unacknowledged()
         return killed
 
     name = f"{side}-kill-{repetition}"
-    with faulted_run(name, side, session, phases, rate=rate, phase=phase, at_peak=kill) as (
+    with faulted_run(name, side, session, phases, phase=phase, at_peak=kill) as (
         spec,
         _child,
         faults,
@@ -664,7 +665,7 @@ def kill_run(
         seen = drain(spec.bootstrap, [spec.topic], CONSUME_TIMEOUT_S)
     acknowledged = []
     for log in LOGS:
-        reader = LedgerReader(Path(spec.ledgers), f"{log}.ids")
+        reader = LedgerReader(Path(spec.run_dir), f"{log}.ids")
         reader.poll()
         acknowledged.append(reader.ids(spec.topic))
     delivered = ledger(acknowledged[1], seen) if side == "anchor" else None
@@ -746,7 +747,6 @@ def build_result(
     runs: Sequence[RunFigures],
     kills: Sequence[KillFigures],
     phases: Phases,
-    rate: int,
     provenance: Mapping[str, object],
 ) -> dict[str, object]:
     summaries = {side: side_summary([r for r in runs if r.side == side]) for side in SIDES}
@@ -802,7 +802,7 @@ def build_result(
         "payload_bytes": PAYLOAD_BYTES,
         "partitions": PARTITIONS,
         "settings": {
-            "rate_events_per_s": rate,
+            "rate_events_per_s": RATE,
             "burst_every_ms": BURST_S * 1000,
             "brokers": BROKERS,
             "replication": REPLICATION,
@@ -828,21 +828,18 @@ def run(args: BenchArgs) -> dict[str, object]:
     ns = args.namespace
     repeats: int = ns.repeats or RUNS[args.quick]
     kills: int = KILLS[args.quick] if ns.kills is None else ns.kills
-    rate: int = ns.rate
     kill_at: float = OUTAGE_S / 2 if ns.kill_at is None else ns.kill_at
     if kills < 1:
         raise SystemExit("--kills must be at least 1")
     if not 0 < kill_at < OUTAGE_S:
         raise SystemExit(f"--kill-at must lie inside the {OUTAGE_S:g} s outage")
-    if rate < 1 / BURST_S:
-        raise SystemExit(f"--rate must be at least {1 / BURST_S:g} (one event per burst)")
     phases = Phases(STEADY_S[args.quick], OUTAGE_S, TAIL_S[args.quick], kill_at)
     runs: list[RunFigures] = []
     kill_list: list[KillFigures] = []
     with Session(args, "failover") as session:
         progress(
             f"{'quick' if args.quick else 'full'}: {repeats} runs and {kills} kills per side, "
-            f"{rate:,} keyed events/s x {PAYLOAD_BYTES} B over {PARTITIONS} partitions, "
+            f"{RATE:,} keyed events/s x {PAYLOAD_BYTES} B over {PARTITIONS} partitions, "
             f"{phases.total_s:g}-{phases.total_s + 1:g} s of faults per run; "
             f"scratch on {session.filesystem}"
         )
@@ -850,7 +847,7 @@ def run(args: BenchArgs) -> dict[str, object]:
             warm: dict[str, list[int]] = {}
             for side in alternate(rep, SIDES) if rep < repeats else ():
                 phase = (rep + 0.5) / repeats
-                result, warm[side] = measure(side, rep, session, phases, rate=rate, phase=phase)
+                result, warm[side] = measure(side, rep, session, phases, phase)
                 runs.append(result)
                 progress(
                     f"run {rep + 1}/{repeats} {side:6}: recovery {result.recovery_s:.3f} s "
@@ -864,7 +861,7 @@ def run(args: BenchArgs) -> dict[str, object]:
                     f"the spool and murmur2_random spread the warm-up keys differently: {warm}"
                 )
             for side in alternate(rep, SIDES) if rep < kills else ():
-                kill = kill_run(side, rep, session, phases, rate=rate, phase=(rep + 0.5) / kills)
+                kill = kill_run(side, rep, session, phases, (rep + 0.5) / kills)
                 kill_list.append(kill)
                 progress(
                     f"kill {rep + 1}/{kills} {side:6}: {kill.kill_after_down_s:.2f} s into the "
@@ -877,7 +874,7 @@ def run(args: BenchArgs) -> dict[str, object]:
                 )
         mock = "librdkafka's mock cluster, 3 brokers, in a process of its own, same machine"
         provenance = session.provenance(mock)
-    return build_result(runs, kill_list, phases, rate, provenance)
+    return build_result(runs, kill_list, phases, provenance)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -894,9 +891,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--kill-at",
             type=float,
             help=f"seconds into the outage of each SIGKILL (default {OUTAGE_S / 2:g}, halfway)",
-        )
-        parser.add_argument(
-            "--rate", type=int, default=RATE, help=f"events per second (default {RATE:,})"
         )
 
     description = (

@@ -37,6 +37,7 @@ acknowledgement and the kill. Each figure is the median over kills. The broker i
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import sys
@@ -60,7 +61,7 @@ from harness.figures import figure
 from harness.ledger import Tally, lost_figure, summary, tally
 from harness.output import progress
 from harness.producer import compared_settings
-from harness.runs import median, safe_ratio
+from harness.runs import median
 from harness.session import Session
 
 FIGURE = "sigkill_acknowledged_delivered_fraction"
@@ -68,7 +69,9 @@ OURS = "spool"
 ANCHOR = "producer"
 WAIT_LANE_PREFIX = "wait-"
 WAIT_EACH = f"{WAIT_LANE_PREFIX}1"
-DEFAULT_WAIT_BATCH = 100
+WAIT_BATCH = 100
+WAIT_LANE = f"{WAIT_LANE_PREFIX}{WAIT_BATCH}"
+LANES = (OURS, ANCHOR, WAIT_EACH, WAIT_LANE)
 QUICK_DELAY_S = (0.3, 1.2)
 FULL_DELAY_S = (0.5, 3.0)
 PAYLOAD_BYTES = 100
@@ -141,7 +144,6 @@ def run_producer(acked: Callable[[str], None], bootstrap: str, topic: str) -> No
     ids = EventIdGenerator()
     acked(deliver_one(producer, topic, value_of(0), ids.next_id()))
     sequence = 1
-    countdown = _POLL_EVERY
     while True:
         event_id = ids.next_id()
         value = value_of(sequence)
@@ -152,11 +154,9 @@ def run_producer(acked: Callable[[str], None], bootstrap: str, topic: str) -> No
             except BufferError:
                 poll(_BUFFER_RETRY_S)
         acked(event_id)
-        sequence += 1
-        countdown -= 1
-        if not countdown:
+        if not sequence % _POLL_EVERY:
             poll(0)
-            countdown = _POLL_EVERY
+        sequence += 1
 
 
 def run_wait(acked: Callable[[str], None], bootstrap: str, topic: str, batch: int) -> None:
@@ -165,12 +165,9 @@ def run_wait(acked: Callable[[str], None], bootstrap: str, topic: str, batch: in
     ids = EventIdGenerator()
     delivered: list[str] = []
 
-    def report_for(event_id: str) -> Callable[[Any, Any], None]:
-        def on_delivery(error: Any, _message: Any) -> None:
-            if error is None:
-                delivered.append(event_id)
-
-        return on_delivery
+    def on_delivery(event_id: str, error: Any, _message: Any) -> None:
+        if error is None:
+            delivered.append(event_id)
 
     acked(deliver_one(producer, topic, value_of(0), ids.next_id()))
     sequence = 1
@@ -181,7 +178,7 @@ def run_wait(acked: Callable[[str], None], bootstrap: str, topic: str, batch: in
                 topic,
                 value_of(sequence),
                 headers=[("event_id", event_id)],
-                on_delivery=report_for(event_id),
+                on_delivery=functools.partial(on_delivery, event_id),
             )
             sequence += 1
         producer.flush()
@@ -229,10 +226,9 @@ def lane_summary(ledgers: Sequence[KillLedger]) -> dict[str, float | int | None]
     }
 
 
-def figures(summaries: Mapping[str, Mapping[str, Any]], wait_lane: str) -> list[dict[str, object]]:
+def figures(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, object]]:
     """The secondary figures; each ratio is above 1 when the spool is ahead."""
     ours = summaries[OURS]
-    batch = wait_lane.removeprefix(WAIT_LANE_PREFIX)
     rates = [
         figure(
             name,
@@ -251,9 +247,9 @@ def figures(summaries: Mapping[str, Mapping[str, Any]], wait_lane: str) -> list[
                 "a Producer waiting for each delivery report",
             ),
             (
-                wait_lane,
-                f"acknowledged_rate_vs_producer_waiting_per_{batch}",
-                f"a Producer waiting for delivery every {batch} events",
+                WAIT_LANE,
+                f"acknowledged_rate_vs_producer_waiting_per_{WAIT_BATCH}",
+                f"a Producer waiting for delivery every {WAIT_BATCH} events",
             ),
             (
                 ANCHOR,
@@ -324,17 +320,12 @@ def one_kill(
 
 
 def run(args: BenchArgs) -> dict[str, object]:
-    wait_batch: int = args.namespace.wait_batch
-    if wait_batch < 2:
-        raise SystemExit("--wait-batch must be at least 2 (the lane waiting for each runs anyway)")
-    wait_lane = f"{WAIT_LANE_PREFIX}{wait_batch}"
-    lanes = [OURS, ANCHOR, WAIT_EACH, wait_lane]
     seed_arg: int | None = args.namespace.seed
     seed = seed_arg if seed_arg is not None else int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     delay_range = QUICK_DELAY_S if args.quick else FULL_DELAY_S
     progress(
-        f"{'quick' if args.quick else 'full'}: {args.repeats} kills per lane of {lanes}, "
+        f"{'quick' if args.quick else 'full'}: {args.repeats} kills per lane of {list(LANES)}, "
         f"{delay_range[0]}-{delay_range[1]} s after the first acknowledgement; seed {seed}"
     )
     ledgers: list[KillLedger] = []
@@ -342,8 +333,8 @@ def run(args: BenchArgs) -> dict[str, object]:
         bootstrap = session.broker().bootstrap_servers
         for rep in range(args.repeats):
             delay = rng.uniform(*delay_range)
-            shift = rep % len(lanes)
-            for lane in lanes[shift:] + lanes[:shift]:
+            shift = rep % len(LANES)
+            for lane in LANES[shift:] + LANES[:shift]:
                 kill = one_kill(lane, rep, bootstrap, session.scratch, delay)
                 ledgers.append(kill)
                 progress(
@@ -352,20 +343,18 @@ def run(args: BenchArgs) -> dict[str, object]:
                     f"{kill.lost:,} lost, {kill.duplicated:,} duplicated, "
                     f"{kill.rate:,.0f} acknowledged/s"
                 )
-    summaries = {lane: lane_summary([k for k in ledgers if k.lane == lane]) for lane in lanes}
-    ours = summaries[OURS]["delivered_fraction"] or 0.0
-    anchor = summaries[ANCHOR]["delivered_fraction"] or 0.0
+    summaries = {lane: lane_summary([k for k in ledgers if k.lane == lane]) for lane in LANES}
     return {
-        "figure": FIGURE,
-        "ours": ours,
-        "anchor": anchor,
-        "ratio": safe_ratio(ours, anchor),
-        "unit": "fraction",
-        "title": "Acknowledged events found in Kafka after a SIGKILL",
-        "anchor_is": "a bare Producer: produce() returned",
+        **figure(
+            FIGURE,
+            summaries[OURS]["delivered_fraction"] or 0.0,
+            summaries[ANCHOR]["delivered_fraction"] or 0.0,
+            unit="fraction",
+            title="Acknowledged events found in Kafka after a SIGKILL",
+            anchor_is="a bare Producer: produce() returned",
+        ),
         "random_anchor": True,
-        "higher_is_better": True,
-        "figures": figures(summaries, wait_lane),
+        "figures": figures(summaries),
         "lanes": summaries,
         "kills": [{**asdict(k), "delivered_fraction": k.delivered_fraction} for k in ledgers],
         "settings": {
@@ -375,7 +364,7 @@ def run(args: BenchArgs) -> dict[str, object]:
             "kill_delay_s": list(delay_range),
             "spool": compared_settings()["spool"],
             "producer": producer_config("BOOTSTRAP"),
-            "wait_batches": [1, wait_batch],
+            "wait_batches": [1, WAIT_BATCH],
         },
         "seed": seed,
         **session.provenance(),
@@ -387,13 +376,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return child_main(child_argv)
 
     def extra(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--wait-batch",
-            type=int,
-            default=DEFAULT_WAIT_BATCH,
-            help="events per flush() in the batched wait-for-delivery lane "
-            f"(default {DEFAULT_WAIT_BATCH}); a lane with 1 always runs",
-        )
         parser.add_argument("--seed", type=int, help="seed of the kill delays")
 
     description = "Acknowledged events lost to a SIGKILL: Spool.send() vs a bare Producer"

@@ -62,7 +62,7 @@ def test_the_broker_goes_down_at_the_asked_phase_of_the_clients_second() -> None
     assert down_at(2_800 * MS, 300 * MS, 0.5) == 2_800 * MS
     assert down_at(2_801 * MS, 300 * MS, 0.5) == 3_800 * MS
     assert down_at(350 * MS, 300 * MS, 0.1) == 400 * MS
-    assert FaultTimes(0, 0, 3_850 * MS, 0, 300 * MS).down_phase_s == pytest.approx(0.55)
+    assert FaultTimes(0, 3_850 * MS, 0, 300 * MS).down_phase_s == pytest.approx(0.55)
 
 
 def test_ack_times_come_from_the_first_head_read_past_each_event() -> None:
@@ -92,7 +92,7 @@ def test_settle_and_backlog_count_what_was_sent_before_the_moment() -> None:
 def test_a_runs_figures() -> None:
     send = [i * MS for i in range(100)]
     acks = [t + (500 * MS if i == 50 else 5 * MS) for i, t in enumerate(send)]
-    faults = FaultTimes(started=0, moved=10 * MS, down=51 * MS, up=60 * MS, client_started=-MS)
+    faults = FaultTimes(moved=10 * MS, down=51 * MS, up=60 * MS, client_started=-MS)
     run = run_figures("ours", 0, send_ns=send, ack_ns=acks, faults=faults, notes={})
     assert run.events == 100
     assert run.p50_ms == pytest.approx(5.0)
@@ -144,7 +144,7 @@ def test_the_result_is_ahead_above_one_and_reads_as_figures() -> None:
     ]
     kills = [_kill("ours", 0, None), _kill("anchor", 99, 0)]
     phases = Phases(steady_s=1.0, outage_s=5.0, tail_s=2.0, kill_after_down_s=2.5)
-    result = build_result(runs, kills, phases, 20_000, {})
+    result = build_result(runs, kills, phases, {})
     assert list(result)[:4] == ["figure", "ours", "anchor", "ratio"]
     assert (result["ours"], result["anchor"], result["ratio"]) == (0.012, 0.006, 0.5)
     by_name = {f.name: f for f in figures_of("failover", result)}

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from harness.ledger import tally
-from kill_loss import ANCHOR, OURS, WAIT_EACH, KillLedger, figures, lane_summary
+from kill_loss import ANCHOR, OURS, WAIT_EACH, WAIT_LANE, KillLedger, figures, lane_summary
 
 
 def _kill(lane: str, lost: int, rate: float, acknowledged: int = 100) -> KillLedger:
@@ -37,9 +37,9 @@ def test_ratios_are_above_one_when_the_spool_is_ahead() -> None:
         OURS: lane_summary([_kill(OURS, 0, 200.0)]),
         ANCHOR: lane_summary([_kill(ANCHOR, 99, 400.0)]),
         WAIT_EACH: lane_summary([_kill(WAIT_EACH, 0, 4.0)]),
-        "wait-100": lane_summary([_kill("wait-100", 0, 100.0)]),
+        WAIT_LANE: lane_summary([_kill(WAIT_LANE, 0, 100.0)]),
     }
-    by_name = {figure["figure"]: figure for figure in figures(lanes, "wait-100")}
+    by_name = {figure["figure"]: figure for figure in figures(lanes)}
     lost = by_name["sigkill_acknowledged_events_lost_per_kill"]
     assert (lost["ours"], lost["anchor"], lost["ratio"]) == (0, 99, 100.0)  # (99+1)/(0+1)
     assert by_name["acknowledged_rate_vs_producer_waiting_for_each_delivery"]["ratio"] == 50.0
