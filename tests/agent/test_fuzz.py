@@ -55,8 +55,7 @@ from tests.agent.conftest import AgentFactory
 RecordProperty = Callable[[str, object], None]
 
 MAX_EVENT_BYTES = 100_000  # what tests/agent/conftest.py writes into [spool]
-TARGET_INPUTS = 100_000  # asserted; the fuzzers go on to FUZZ_QUOTA
-FUZZ_QUOTA = 150_000
+TARGET_INPUTS = 100_000  # asserted, and where the fuzzers stop
 FUZZ_BUDGET_S = 150.0  # then stop, however many were sent (and fail below 100,000)
 FUZZ_THREADS = 3
 IO_TIMEOUT_S = 15.0  # an agent that has not answered or closed by then is wedged
@@ -920,7 +919,7 @@ def test_a_flood_of_malformed_input_harms_no_healthy_client(
         threading.Thread(
             target=_fuzz,
             args=(SEED + n, agent.socket_path, fuzz_topic, tally),
-            kwargs={"quota": FUZZ_QUOTA, "deadline": deadline},
+            kwargs={"quota": TARGET_INPUTS, "deadline": deadline},
         )
         for n in range(FUZZ_THREADS)
     ]
