@@ -18,6 +18,7 @@ from typing import Any
 from matplotlib import ticker
 from matplotlib.figure import Figure as Plot
 
+from _report_page import format_number
 from harness.figures import Figure
 
 OURS_COLOUR = "#1f77b4"
@@ -61,7 +62,7 @@ def ratio_overview(figures: Sequence[Figure], path: Path) -> Plot:
     axes.axvline(1.0, color="black", linewidth=1)
     for position, ratio in zip(positions, ratios, strict=True):
         axes.annotate(
-            _short(ratio),
+            format_number(ratio),
             (ratio, position),
             xytext=(3, 0),
             textcoords="offset points",
@@ -87,8 +88,8 @@ def ours_against_anchor(figures: Sequence[Figure], title: str, path: Path) -> Pl
         values = [figure.ours, figure.anchor]
         names = ["eventspool", _wrap(figure.anchor_is or "anchor", 24)]
         bars = axes.bar(names, values, color=[OURS_COLOUR, ANCHOR_COLOUR])
-        axes.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: _short(value)))
-        axes.bar_label(bars, labels=[_short(value) for value in values], fontsize=8)
+        axes.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: format_number(value)))
+        axes.bar_label(bars, labels=[format_number(value) for value in values], fontsize=8)
         axes.set_title(_wrap(figure.title, 34), fontsize=9)
         better = "higher" if figure.higher_is_better else "lower"
         axes.set_ylabel(_wrap(f"{figure.unit} ({better} is better)", _UNIT_LABEL_WIDTH), fontsize=8)
@@ -142,12 +143,6 @@ def _save(plot: Plot, path: Path) -> Plot:
     path.parent.mkdir(parents=True, exist_ok=True)
     plot.savefig(path, dpi=_DPI, metadata=_PNG_METADATA)
     return plot
-
-
-def _short(value: float) -> str:
-    if value == 0 or abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
 
 
 def _wrap(text: str, width: int) -> str:

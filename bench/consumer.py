@@ -49,7 +49,7 @@ from harness.runs import Runs, alternate, safe_ratio
 from harness.session import Session
 
 EVENTS = {True: 60_000, False: 300_000}  # by --quick
-CPU_EVENTS = {True: 2_000, False: 6_000}
+CPU_EVENTS = {True: 1_000, False: 6_000}
 IO_EVENTS = {True: 20_000, False: 60_000}
 IO_WAIT_S = 0.010
 IO_WORKERS = 2
@@ -157,11 +157,8 @@ def anchor(bootstrap: str, topic: str, count: int) -> float:
 
 
 def run(args: BenchArgs) -> dict[str, object]:
-    events, cpu_events, io_events = (
-        EVENTS[args.quick],
-        CPU_EVENTS[args.quick],
-        IO_EVENTS[args.quick],
-    )
+    quick = args.quick
+    events, cpu_events, io_events = EVENTS[quick], CPU_EVENTS[quick], IO_EVENTS[quick]
     runs = Runs()
     with Session(args, "consumer") as session:
         with LocalBroker(session.scratch / "broker") as broker:

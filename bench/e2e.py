@@ -34,7 +34,6 @@ memory), on the same machine: it competes with this process for the cores.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -51,10 +50,9 @@ from typing import Any
 import confluent_kafka
 
 from eventspool.broker.local import create_topic
-from eventspool.config import SenderSettings, SpoolSettings
-from eventspool.envelope import FIXED_SIZE, EventIdGenerator
+from eventspool.config import SenderSettings
+from eventspool.envelope import EventIdGenerator
 from eventspool.pipeline import Spool
-from eventspool.spool.ring import frame_size
 from harness import instructions as _instructions
 from harness.cli import BenchArgs, bench_main
 from harness.cpu import CpuWindow, cpu_window
@@ -311,14 +309,7 @@ def record(runs: Runs, result: RunResult) -> None:
 
 
 def run(args: BenchArgs) -> dict[str, object]:
-    events_arg: int | None = args.namespace.events
-    events = events_arg or (QUICK_EVENTS if args.quick else FULL_EVENTS)
-    ring_bytes = frame_size(FIXED_SIZE + len(b"user-9999") + PAYLOAD_BYTES)
-    # Keys spread evenly over 12 partitions; leave a wide margin for skew.
-    if (
-        events + WARMUP_EVENTS
-    ) * ring_bytes // PARTITIONS > SpoolSettings().queue.capacity_bytes // 2:
-        raise SystemExit(f"--events {events} would fill the spool's default rings; use fewer")
+    events = QUICK_EVENTS if args.quick else FULL_EVENTS
     workload = make_workload(WARMUP_EVENTS + events)
     warmup, timed = workload.part(0, WARMUP_EVENTS), workload.part(WARMUP_EVENTS, len(workload))
     runs = Runs()
@@ -454,15 +445,8 @@ def run(args: BenchArgs) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def extra(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--events",
-            type=int,
-            help=f"timed events per run (default {FULL_EVENTS:,}, {QUICK_EVENTS:,} with --quick)",
-        )
-
     description = "End-to-end keyed event rate: Spool.send() to broker ack vs a plain Producer"
-    return bench_main(description, run, argv, extra)
+    return bench_main(description, run, argv)
 
 
 if __name__ == "__main__":

@@ -55,41 +55,37 @@ of the broker over the e2e window.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import glob
-import multiprocessing
+import json
 import os
-import queue
 import random
 import re
 import shutil
-import signal
 import socket
 import string
 import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from functools import partial
-from multiprocessing.synchronize import Event as ProcessEvent
 from pathlib import Path
 from typing import Any
 
 import confluent_kafka
 
-from eventspool.broker import LocalBroker, create_topic
+from eventspool.broker import create_topic
 from eventspool.client.sync import Client
 from eventspool.errors import EventspoolError
 from eventspool.testing.agent import AgentProcess
 from eventspool.verify import consume_event_ids
 from harness import ledger
 from harness.agent import start_agent
+from harness.child import Child, child_arguments
 from harness.cli import BenchArgs, bench_main
 from harness.cpu import process_cpu_s
 from harness.figures import figure
@@ -111,6 +107,7 @@ DELIVERY_TIMEOUT_S = 180.0
 # How often `AsyncSend.wait()` looks whether every callback ran; outside the timed rates.
 SETTLE_POLL_S = 0.001
 START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 60.0
 RETRY_PAUSE_S = 0.01
 PROGRESS_EVENTS = 200  # acknowledged after a restart before the next kill is armed
 PROGRESS_TIMEOUT_S = 30.0
@@ -182,13 +179,8 @@ def syslog_header(when: float, pid: int, ident: bytes = SYSLOG_IDENT) -> bytes:
 
 
 class SyslogSocket:
-    """One application thread's connection to rsyslog, used as syslog(3) uses /dev/log.
-
-    A connected unix datagram socket, one blocking ``send`` per message (it blocks while
-    the receiver's queue is full, which is imuxsock's only back-pressure). When a send
-    fails (rsyslogd died: ECONNREFUSED; not back yet: ENOENT) the socket is dropped and
-    the error raised; the next message connects again.
-    """
+    """One application thread's connection to rsyslog, used as syslog(3) uses /dev/log; a
+    failed send (rsyslogd died or is not back yet) drops the socket, the next reconnects."""
 
     def __init__(self, path: Path) -> None:
         self._path = os.fspath(path)
@@ -265,16 +257,14 @@ def rsyslog_version_line(output: str) -> str:
 
 
 def find_rsyslogd() -> str | None:
-    return shutil.which("rsyslogd") or shutil.which("rsyslogd", path="/usr/sbin:/sbin")
-
-
-def omkafka_installed() -> bool:
-    return any(glob.glob(pattern) for pattern in OMKAFKA_GLOBS)
+    """rsyslogd, if both it and its omkafka module are installed."""
+    found = shutil.which("rsyslogd") or shutil.which("rsyslogd", path="/usr/sbin:/sbin")
+    return found if any(glob.glob(pattern) for pattern in OMKAFKA_GLOBS) else None
 
 
 def ensure_rsyslog() -> str:
     """The rsyslogd executable; without it or omkafka the run stops and says what to do."""
-    if (rsyslogd := find_rsyslogd()) is None or not omkafka_installed():
+    if (rsyslogd := find_rsyslogd()) is None:
         raise SystemExit(
             "this benchmark needs rsyslogd with omkafka: `make rsyslog` installs the Debian "
             "packages rsyslog and rsyslog-kafka"
@@ -305,9 +295,10 @@ def librdkafka_version(library: str) -> str | None:
     return raw.decode()
 
 
-class Rsyslogd:
+class Rsyslogd(Child):
     """``rsyslogd -n`` on its own config, pid file, work directory and socket, all in
-    `directory`.
+    `directory`: a bench child that runs rsyslogd, not Python, through env(1) for its
+    LD_LIBRARY_PATH.
 
     Started by the constructor; `kill` and `start_answering` restart it on the same work
     directory (its queue files) and socket, as a supervisor would after a crash.
@@ -317,79 +308,55 @@ class Rsyslogd:
         self, executable: str, directory: Path, bootstrap: str, topic: str, library_dir: Path | None
     ) -> None:
         self.socket_path = directory / "log.sock"
-        self.logs = (directory / "rsyslogd.out", directory / "rsyslogd.log")
+        self.log = directory / "rsyslogd.log"
         (directory / "work").mkdir(parents=True, exist_ok=True)
         config = directory / "rsyslog.conf"
         config.write_text(render_rsyslog_config(directory, bootstrap, topic))
-        self.env = dict(os.environ)
-        if library_dir is not None:
-            self.env["LD_LIBRARY_PATH"] = os.fspath(library_dir)
-        check = subprocess.run(
-            [executable, "-N1", "-f", config],
-            capture_output=True,
-            text=True,
-            env=self.env,
-            check=False,
-        )
+        env = [] if library_dir is None else ["env", f"LD_LIBRARY_PATH={library_dir}"]
+        command = [*env, executable, "-N1", "-f", os.fspath(config)]
+        check = subprocess.run(command, capture_output=True, text=True, check=False)
         if check.returncode != 0:
             raise RuntimeError(f"rsyslogd -N1 rejected the config:\n{check.stderr}")
+        super().__init__("rsyslogd", [], directory / "rsyslogd.out")
         pid_file = directory / "rsyslogd.pid"
-        self.command = [executable, "-n", "-f", os.fspath(config), "-i", os.fspath(pid_file)]
-        self.process: subprocess.Popen[bytes] | None = None
+        self.argv = [*env, executable, "-n", "-f", os.fspath(config), "-i", os.fspath(pid_file)]
         self.start_answering()
 
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def start_answering(self) -> None:
-        """Start it (again, after `kill`) and wait until its socket takes a connection: a
-        killed rsyslogd leaves its socket file."""
-        if self.process is not None and self.process.poll() is None:
-            raise RuntimeError("rsyslogd is still running")
-        with self.logs[0].open("ab") as output:
-            self.process = subprocess.Popen(
-                self.command,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while self.process.poll() is None and time.monotonic() < deadline:
+    def start_answering(self) -> float:
+        """Start it (again, after `kill`) and wait until its socket takes a connection (a
+        killed rsyslogd leaves its socket file); the seconds that took."""
+        began = time.monotonic()
+        self.start()
+        while time.monotonic() - began < START_TIMEOUT_S:
+            self.check()
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
                 try:
                     probe.connect(os.fspath(self.socket_path))
-                    return
+                    return time.monotonic() - began
                 except OSError:
                     time.sleep(0.01)
-        self.stop()
+        self.terminate()
         raise RuntimeError(f"rsyslogd did not start:\n{self.log_tail()}")
 
-    def kill(self) -> None:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise RuntimeError(f"rsyslogd died by itself:\n{self.log_tail()}")
-        self.process.kill()
-        self.process.wait()
-
-    def stop(self) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM, if it still runs (it saves its queue), and wait for it to exit."""
         if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            super().stop(timeout)
 
     def log_tail(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-2000:] for p in self.logs if p.exists())
+        """Its own output, then the end of what it logged."""
+        logged = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+        return f"{self.stderr_tail()}\n{logged}"
 
 
 # ---- the two sides ----------------------------------------------------------------------
 
 Shipper = AgentProcess | Rsyslogd
+# What a send raises while the side's shipper is down.
+FAILURES: dict[str, tuple[type[BaseException], ...]] = {
+    "ours": (EventspoolError,),
+    "anchor": (OSError,),
+}
 
 
 class AsyncSend:
@@ -429,133 +396,68 @@ class AsyncSend:
             with self._failures:
                 self.failed += 1
 
-    def wait(self) -> tuple[list[int], int]:
-        """(acknowledgement latencies in ns, failures) of every send since the last wait;
-        a send whose future did not resolve within the delivery timeout is a failure."""
+    def wait(self) -> list[int]:
+        """The acknowledgement latencies in ns of every send since the last wait; a send
+        that failed, or whose future did not resolve within the delivery timeout, is an
+        error here, as a failed send is."""
         deadline = time.monotonic() + DELIVERY_TIMEOUT_S
         while len(self.ack_ns) + self.failed < self._fired and time.monotonic() < deadline:
             time.sleep(SETTLE_POLL_S)
         acks, failed = self.ack_ns, self._fired - len(self.ack_ns)
         self._fired, self.ack_ns, self.failed = 0, [], 0
-        return acks, failed
+        if failed:
+            raise RuntimeError(f"{failed} async sends failed")
+        return acks
 
 
 def settle_async(callers: Sequence[Caller]) -> list[int] | None:
-    """Wait for the acknowledgements of async callers: their latencies in ns (None: not async).
-
-    A failed acknowledgement is an error here, as a failed send is.
-    """
-    latencies: list[int] = []
-    for caller in callers:
-        if not isinstance(caller, AsyncSend):
-            return None
-        acks, failed = caller.wait()
-        if failed:
-            raise RuntimeError(f"{failed} async sends failed")
-        latencies.extend(acks)
-    return latencies
-
-
-@contextlib.contextmanager
-def agent_callers(shipper: Shipper, topic: str, fire_and_go: bool) -> Iterator[list[Caller]]:
-    """One `Client` with default settings, shared by every caller thread; with
-    `fire_and_go`, each thread sends with `send_async()`."""
-    with Client(shipper.socket_path) as client:
-        if fire_and_go:
-            yield [AsyncSend(client, topic) for _ in range(CALLER_THREADS)]
-        else:
-            yield [partial(client.send, topic)] * CALLER_THREADS
-
-
-@contextlib.contextmanager
-def syslog_callers(shipper: Shipper, _topic: str, _fire_and_go: bool) -> Iterator[list[Caller]]:
-    """A socket per caller thread, as each process calling syslog(3) has one; a datagram
-    send always fires and goes."""
-    sockets = [SyslogSocket(shipper.socket_path) for _ in range(CALLER_THREADS)]
-    try:
-        yield [sock.send for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-@dataclass(frozen=True, slots=True)
-class Side:
-    """One contender: how to launch its process and open its callers."""
-
-    name: str  # "ours" or "anchor"
-    launch: Callable[[Path, str, str], Shipper]  # (directory, bootstrap, topic)
-    # (shipper, topic, fire_and_go): ours fire and go in the end-to-end runs
-    open_callers: Callable[[Shipper, str, bool], contextlib.AbstractContextManager[list[Caller]]]
-    failures: tuple[type[BaseException], ...]  # what a send raises when the shipper is down
-
-
-def make_sides(rsyslogd: str, library_dir: Path | None) -> dict[str, Side]:
-    def launch_agent(directory: Path, bootstrap: str, _topic: str) -> Shipper:
-        return start_agent(directory, bootstrap)
-
-    launch_rsyslog = partial(Rsyslogd, rsyslogd, library_dir=library_dir)
-    return {
-        "ours": Side("ours", launch_agent, agent_callers, (EventspoolError,)),
-        "anchor": Side("anchor", launch_rsyslog, syslog_callers, (OSError,)),
-    }
+    """Wait for the acknowledgements of async callers: their latencies in ns (None: not async)."""
+    waiting = [caller for caller in callers if isinstance(caller, AsyncSend)]
+    return [ns for caller in waiting for ns in caller.wait()] if waiting else None
 
 
 # ---- figure 1 and 2: end-to-end rate and caller latency ---------------------------------
 
 
-def start_reader(
-    bootstrap: str, topic: str, expected: set[str]
-) -> Callable[[float], tuple[Counter[str], int]]:
-    """Start reading the topic until every expected id is there; returns once the reader
-    polled the topic once, with a call that waits for (every id's count, monotonic ns
-    when the last one arrived), nothing seen if the reader gave no answer in time.
+def start_reader(bootstrap: str, topic: str, tag: str, events: int, directory: Path) -> Child:
+    """Start reading the topic until every id of `batches_for(tag, events)` is there;
+    returns once the reader polled the topic once.
 
     In a process of its own, started and polling before the window opens: a reader in
     the callers' process would take their interpreter lock for every record it reads,
     and the reader of Kafka is no part of the application whose calls are measured. Its
     time is CLOCK_MONOTONIC, which every process shares.
     """
-    context = multiprocessing.get_context("spawn")
-    ready = context.Event()
-    results: multiprocessing.Queue[tuple[Counter[str], int]] = context.Queue()
-    args = (bootstrap, topic, expected, ready, results)
-    reader = context.Process(target=_watch, args=args, name="bench-kafka-reader", daemon=True)
-    reader.start()
-    if not ready.wait(START_TIMEOUT_S):
-        reader.kill()
-        raise RuntimeError(f"the Kafka reader did not start within {START_TIMEOUT_S} s")
-
-    def join(timeout: float) -> tuple[Counter[str], int]:
-        try:
-            return results.get(timeout=timeout)
-        except queue.Empty:
-            reader.kill()
-            return Counter(), 0
-        finally:
-            reader.join(timeout=START_TIMEOUT_S)
-
-    return join
+    argv = [bootstrap, topic, tag, str(events)]
+    reader = Child.of_script("reader", __file__, argv, directory / "reader.err", piped=True)
+    if reader.start().read_line() != "ready\n":
+        reader.terminate()
+        raise RuntimeError(f"the Kafka reader did not start: {reader.stderr_tail()}")
+    return reader
 
 
-def _watch(
-    bootstrap: str,
-    topic: str,
-    expected: set[str],
-    ready: ProcessEvent,
-    results: multiprocessing.Queue[tuple[Counter[str], int]],
-) -> None:
-    """The reader process: every expected id's count, and when the last one arrived."""
+def reader_main(bootstrap: str, topic: str, tag: str, events: str) -> int:
+    """The reader process: "ready" after its first poll, then how many of the ids
+    arrived and the monotonic ns when the last one did, as a JSON pair."""
+    expected = batches_for(tag, int(events))[1]
+    polled = threading.Event()
+
+    def ready(_count: int) -> None:
+        if not polled.is_set():
+            polled.set()
+            print("ready", flush=True)
+
     seen = consume_event_ids(
         bootstrap,
         [topic],
         expected,
         timeout=DELIVERY_TIMEOUT_S,
-        progress=lambda _count: ready.set(),
+        progress=ready,
         id_of=record_id,
         poll_timeout=WATCH_POLL_S,
     )
-    results.put((seen, time.monotonic_ns()))
+    print(json.dumps([len(expected & seen.keys()), time.monotonic_ns()]), flush=True)
+    return 0
 
 
 def send_all(
@@ -587,69 +489,19 @@ def batches_for(tag: str, events: int) -> tuple[list[list[bytes]], set[str]]:
     return batches, {event_id(tag, slot, seq) for slot in range(CALLER_THREADS) for seq in seqs}
 
 
-@contextlib.contextmanager
-def launched(side: Side, bootstrap: str, directory: Path, topic: str) -> Iterator[Shipper]:
-    """The side's shipper for a fresh topic, stopped at the end; its log shown on a failure."""
-    create_topic(bootstrap, topic, PARTITIONS)
-    shipper = side.launch(directory, bootstrap, topic)
-    try:
-        yield shipper
-    except BaseException:
-        progress(f"{side.name} log:\n{shipper.log_tail()}")
-        raise
-    finally:
-        shipper.stop()
-
-
-def e2e_run(
-    side: Side, broker: LocalBroker, directory: Path, topic: str, events: int
-) -> dict[str, float]:
-    """One timed run on a fresh shipper process and a fresh topic: its values by name."""
-    bootstrap = broker.bootstrap_servers
-    with (
-        launched(side, bootstrap, directory, topic) as shipper,
-        side.open_callers(shipper, topic, True) as callers,
-    ):
-        warm, warm_ids = batches_for(f"w{directory.name}", WARMUP_EVENTS)
-        send_all(callers, warm)
-        settle_async(callers)
-        seen = consume_event_ids(
-            bootstrap, [topic], warm_ids, timeout=DELIVERY_TIMEOUT_S, id_of=record_id
-        )
-        if not warm_ids <= seen.keys():
-            raise RuntimeError(f"{side.name}: warm-up events did not all arrive")
-        timed, expected = batches_for(f"t{directory.name}", events)
-        shipper_cpu, broker_cpu = process_cpu_s(shipper.pid), process_cpu_s(broker.pid)
-        read = start_reader(bootstrap, topic, expected)
-        start, sent, latencies = send_all(callers, timed)
-        acks = settle_async(callers)
-        seen, done_ns = read(DELIVERY_TIMEOUT_S + 30)
-        shipper_cpu = process_cpu_s(shipper.pid) - shipper_cpu
-        broker_cpu = process_cpu_s(broker.pid) - broker_cpu
-        if (arrived := len(expected & seen.keys())) != len(expected):
-            raise RuntimeError(
-                f"{side.name}: only {arrived} of {len(expected)} events reached Kafka "
-                f"within {DELIVERY_TIMEOUT_S} s"
-            )
-    count = len(expected)
-    latency = latency_summary_us(latencies)
-    # ours also until its future resolved: the event on disk in the agent
-    ack_latency = {} if acks is None else latency_summary_us(acks)
-    return {
-        "rate": count / ((done_ns - start) / 1e9),  # until all readable in Kafka
-        "send_rate": count / ((sent - start) / 1e9),  # until the last send returned
-        **{f"latency_{stat}": latency[stat] for stat in (*LATENCY_STATS, "max_us")},
-        **{f"ack_latency_{stat}": ack_latency[stat] for stat in LATENCY_STATS if ack_latency},
-        "cpu_us_per_event": shipper_cpu * 1e6 / count,
-        "broker_cpu_us_per_event": broker_cpu * 1e6 / count,
-    }
+def expect_arrived(bootstrap: str, topic: str, ids: set[str], what: str) -> None:
+    """Wait until each of `ids` is readable in `topic`; raise, naming `what`, if one is not."""
+    seen = consume_event_ids(bootstrap, [topic], ids, timeout=DELIVERY_TIMEOUT_S, id_of=record_id)
+    if not ids <= seen.keys():
+        raise RuntimeError(f"{what} did not all arrive")
 
 
 # ---- figure 3: SIGKILL loss --------------------------------------------------------------
 
 
 class Stream:
-    """Caller threads sending new events at a fixed total rate until told to stop."""
+    """Caller threads sending new events at a fixed total rate until `stop` is set: the
+    work of `run_together`, its acknowledged sends noted as they come."""
 
     def __init__(
         self,
@@ -662,23 +514,18 @@ class Stream:
         # Per caller: (seq, when its caller was told) of each acknowledged send.
         self.acked: list[list[tuple[int, float]]] = [[] for _ in callers]
         self.failed = [0] * len(callers)
+        self.stop = threading.Event()
+        self.work: list[Callable[[], None]] = [
+            partial(self._run, slot, send) for slot, send in enumerate(callers)
+        ]
         self._interval = len(callers) / rate
         self._failures = failures
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, args=(slot, send), daemon=True)
-            for slot, send in enumerate(callers)
-        ]
-        self.started = time.monotonic()
-        self.stopped = self.started
-        for thread in self._threads:
-            thread.start()
 
     def _run(self, slot: int, send: Caller) -> None:
         acked = self.acked[slot]
         seq = 0
         next_at = time.monotonic() + random.random() * self._interval
-        while not self._stop.is_set():
+        while not self.stop.is_set():
             pause = next_at - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
@@ -709,12 +556,6 @@ class Stream:
                 raise RuntimeError("the callers made no progress after a restart")
             time.sleep(0.01)
 
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(60)
-        self.stopped = time.monotonic()
-
     def acknowledged_at(self, events: Collection[str]) -> list[float]:
         """When each of `events` (ids of this stream) was acknowledged to its caller."""
         return [
@@ -732,75 +573,158 @@ class Stream:
         }
 
 
-def kill_run(
-    side: Side, bootstrap: str, directory: Path, topic: str, *, profile: Profile, rng: random.Random
-) -> dict[str, Any]:
-    """Stream, SIGKILL the shipper `kills_per_run` times, restart it each time, then count:
-    the run's ledger as the result lists it."""
-    restarts: list[float] = []
-    kill_times: list[float] = []
-    with launched(side, bootstrap, directory, topic) as shipper:
-        with side.open_callers(shipper, topic, False) as callers:
-            stream = Stream(callers, f"k{directory.name}", profile.stream_rate, side.failures)
+class Contest:
+    """The runs of both sides against one broker, each with a shipper of its own."""
+
+    def __init__(
+        self, session: Session, start_rsyslogd: Callable[[Path, str, str], Rsyslogd]
+    ) -> None:
+        self.scratch = session.scratch
+        self.broker = session.broker()
+        self.bootstrap = self.broker.bootstrap_servers
+        self.start_rsyslogd = start_rsyslogd
+        self.rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+
+    @contextlib.contextmanager
+    def launched(
+        self, side: str, run: str, *, fire_and_go: bool
+    ) -> Iterator[tuple[Shipper, list[Caller], str]]:
+        """The side's shipper for a fresh topic in a fresh directory, and its callers, one
+        per caller thread, all closed at the end; the shipper's log shown on a failure.
+
+        Ours share one `Client` with default settings, each thread sending with
+        `send_async()` when they `fire_and_go`. The anchor's have a socket each, as each
+        process calling syslog(3) has one; a datagram send always fires and goes.
+        `run` names its directory and topic; the topic is yielded with them.
+        """
+        directory, topic = self.scratch / run, f"{TOPIC_PREFIX}-{run}-{os.getpid()}"
+        create_topic(self.bootstrap, topic, PARTITIONS)
+        with contextlib.ExitStack() as stack:
+            shipper: Shipper
+            if side == "ours":
+                shipper = start_agent(directory, self.bootstrap)
+                stack.callback(shipper.stop)
+                client = stack.enter_context(Client(shipper.socket_path))
+                callers: list[Caller] = [
+                    AsyncSend(client, topic) if fire_and_go else partial(client.send, topic)
+                    for _ in range(CALLER_THREADS)
+                ]
+            else:
+                shipper = self.start_rsyslogd(directory, self.bootstrap, topic)
+                stack.callback(shipper.stop)
+                sockets = [SyslogSocket(shipper.socket_path) for _ in range(CALLER_THREADS)]
+                for sock in sockets:
+                    stack.callback(sock.close)
+                callers = [sock.send for sock in sockets]
             try:
-                # Steady state first: a kill of a shipper that never delivered measures its
-                # start-up (connect, metadata, producer id), not its design.
-                stream.wait_for_progress(PROGRESS_EVENTS, shipper)
-                first = stream.acknowledged_ids()
-                arrived = consume_event_ids(
-                    bootstrap, [topic], first, timeout=DELIVERY_TIMEOUT_S, id_of=record_id
-                )
-                if not first <= arrived.keys():
-                    raise RuntimeError(f"{side.name}: the first events did not arrive")
-                for _ in range(profile.kills_per_run):
-                    stream.wait_for_progress(PROGRESS_EVENTS, shipper)
-                    time.sleep(rng.uniform(*profile.kill_delay_s))
-                    kill_times.append(time.monotonic())
-                    shipper.kill()
-                    began = time.monotonic()
-                    shipper.start_answering()
-                    restarts.append(time.monotonic() - began)
-                stream.wait_for_progress(PROGRESS_EVENTS, shipper)
+                yield shipper, callers, topic
+            except BaseException:
+                progress(f"{side} log:\n{shipper.log_tail()}")
+                raise
+
+    def e2e_run(self, side: str, rep: int, events: int) -> dict[str, float]:
+        """One timed run on a fresh shipper process and a fresh topic: its values by name."""
+        run, bootstrap, broker = f"{side[0]}{rep}", self.bootstrap, self.broker
+        with self.launched(side, run, fire_and_go=True) as (shipper, callers, topic):
+            warm, warm_ids = batches_for(f"w{run}", WARMUP_EVENTS)
+            send_all(callers, warm)
+            settle_async(callers)
+            expect_arrived(bootstrap, topic, warm_ids, f"{side}: the warm-up events")
+            tag = f"t{run}"
+            timed = batches_for(tag, events)[0]
+            shipper_cpu, broker_cpu = process_cpu_s(shipper.pid), process_cpu_s(broker.pid)
+            reader = start_reader(bootstrap, topic, tag, events, self.scratch / run)
+            try:
+                start, sent, latencies = send_all(callers, timed)
+                acks = settle_async(callers)
+                arrived, done_ns = json.loads(reader.read_line() or "[0, 0]")
             finally:
-                stream.stop()
-        drain_began = time.monotonic()
-        expected = stream.acknowledged_ids()
-        if isinstance(shipper, AgentProcess):  # rsyslog has no such call: the read idles out
-            shipper.wait_until_drained(DELIVERY_TIMEOUT_S)
-        seen = consume_event_ids(
-            bootstrap,
-            [topic],
-            expected,
-            timeout=DELIVERY_TIMEOUT_S,
-            id_of=record_id,
-            poll_timeout=0.1,
-            idle_timeout=profile.idle_s,
+                reader.terminate()
+            shipper_cpu = process_cpu_s(shipper.pid) - shipper_cpu
+            broker_cpu = process_cpu_s(broker.pid) - broker_cpu
+        count = len(latencies)
+        if arrived != count:
+            raise RuntimeError(
+                f"{side}: only {arrived} of {count} events reached Kafka within "
+                f"{DELIVERY_TIMEOUT_S} s: {reader.stderr_tail()}"
+            )
+        latency = latency_summary_us(latencies)
+        # ours also until its future resolved: the event on disk in the agent
+        ack_latency = {} if acks is None else latency_summary_us(acks)
+        return {
+            "rate": count / ((done_ns - start) / 1e9),  # until all readable in Kafka
+            "send_rate": count / ((sent - start) / 1e9),  # until the last send returned
+            **{f"latency_{stat}": latency[stat] for stat in (*LATENCY_STATS, "max_us")},
+            **{f"ack_latency_{stat}": ack_latency[stat] for stat in LATENCY_STATS if ack_latency},
+            "cpu_us_per_event": shipper_cpu * 1e6 / count,
+            "broker_cpu_us_per_event": broker_cpu * 1e6 / count,
+        }
+
+    def kill_run(self, side: str, rep: int, profile: Profile) -> dict[str, Any]:
+        """Stream, SIGKILL the shipper `kills_per_run` times, restart it each time, then count:
+        the run's ledger as the result lists it."""
+        restarts: list[float] = []
+        kill_times: list[float] = []
+        run, bootstrap = f"k{side[0]}{rep}", self.bootstrap
+        with self.launched(side, run, fire_and_go=False) as (shipper, callers, topic):
+            stream = Stream(callers, f"k{run}", profile.stream_rate, FAILURES[side])
+
+            def kill_while_streaming() -> None:
+                try:
+                    # Steady state first: a kill of a shipper that never delivered measures its
+                    # start-up (connect, metadata, producer id), not its design.
+                    stream.wait_for_progress(PROGRESS_EVENTS, shipper)
+                    first = stream.acknowledged_ids()
+                    expect_arrived(bootstrap, topic, first, f"{side}: the first events")
+                    for _ in range(profile.kills_per_run):
+                        stream.wait_for_progress(PROGRESS_EVENTS, shipper)
+                        time.sleep(self.rng.uniform(*profile.kill_delay_s))
+                        kill_times.append(time.monotonic())
+                        shipper.kill()
+                        restarts.append(shipper.start_answering())
+                    stream.wait_for_progress(PROGRESS_EVENTS, shipper)
+                finally:
+                    stream.stop.set()
+
+            streamed = run_together([*stream.work, kill_while_streaming])
+            drain_began = time.monotonic()
+            expected = stream.acknowledged_ids()
+            if isinstance(shipper, AgentProcess):  # rsyslog has no such call: the read idles out
+                shipper.wait_until_drained(DELIVERY_TIMEOUT_S)
+            seen = consume_event_ids(
+                bootstrap,
+                [topic],
+                expected,
+                timeout=DELIVERY_TIMEOUT_S,
+                id_of=record_id,
+                poll_timeout=0.1,
+                idle_timeout=profile.idle_s,
+            )
+            drain_s = round(time.monotonic() - drain_began, 2)
+        counted = ledger.tally(expected, seen)
+        missing = expected - seen.keys()
+        lost_per_kill, lost_after_last_kill = ledger.losses_by_kill(
+            stream.acknowledged_at(missing), kill_times
         )
-        drain_s = round(time.monotonic() - drain_began, 2)
-    counted = ledger.tally(expected, seen)
-    missing = expected - seen.keys()
-    lost_per_kill, lost_after_last_kill = ledger.losses_by_kill(
-        stream.acknowledged_at(missing), kill_times
-    )
-    return {
-        "side": side.name,
-        "kills": profile.kills_per_run,
-        "acknowledged": counted.acknowledged,
-        "delivered": counted.delivered,
-        "lost": counted.lost,
-        "duplicates": counted.duplicated,
-        # a send failed by a kill whose event got through
-        "delivered_unacknowledged": counted.unacknowledged_delivered,
-        "delivered_fraction": round(counted.delivered_fraction, 6),
-        "failed_sends": sum(stream.failed),
-        "offered_rate": profile.stream_rate,
-        "acknowledged_rate": round(counted.acknowledged / (stream.stopped - stream.started), 1),
-        "restart_s_max": round(max(restarts), 3),
-        "drain_s": drain_s,
-        "lost_per_kill": [asdict(loss) for loss in lost_per_kill],
-        "lost_after_last_kill": lost_after_last_kill,
-        "lost_examples": sorted(missing)[:3],
-    }
+        return {
+            "side": side,
+            "kills": profile.kills_per_run,
+            "acknowledged": counted.acknowledged,
+            "delivered": counted.delivered,
+            "lost": counted.lost,
+            "duplicates": counted.duplicated,
+            # a send failed by a kill whose event got through
+            "delivered_unacknowledged": counted.unacknowledged_delivered,
+            "delivered_fraction": round(counted.delivered_fraction, 6),
+            "failed_sends": sum(stream.failed),
+            "offered_rate": profile.stream_rate,
+            "acknowledged_rate": round(counted.acknowledged / streamed.seconds, 1),
+            "restart_s_max": round(max(restarts), 3),
+            "drain_s": drain_s,
+            "lost_per_kill": [asdict(loss) for loss in lost_per_kill],
+            "lost_after_last_kill": lost_after_last_kill,
+            "lost_examples": sorted(missing)[:3],
+        }
 
 
 # ---- main -------------------------------------------------------------------------------
@@ -808,15 +732,12 @@ def kill_run(
 
 def run(args: BenchArgs) -> dict[str, object]:
     profile = QUICK if args.quick else FULL
-    if args.namespace.events is not None:
-        profile = replace(profile, events=args.namespace.events)
     rsyslogd = ensure_rsyslog()
     version = rsyslog_version_line(
         subprocess.run([rsyslogd, "-v"], capture_output=True, text=True, check=True).stdout
     )
     session = Session(args, "logship")  # short: a unix socket path holds at most 107 bytes
-    scratch = session.scratch
-    library_dir = bundled_librdkafka(scratch / "lib")
+    library_dir = bundled_librdkafka(session.scratch / "lib")
     librdkafka = {
         "rsyslog": librdkafka_version(
             os.fspath(library_dir / "librdkafka.so.1") if library_dir else "librdkafka.so.1"
@@ -827,18 +748,13 @@ def run(args: BenchArgs) -> dict[str, object]:
     progress(
         f"{args.repeats} e2e repetitions, {profile}; {version}, librdkafka {librdkafka['rsyslog']}"
     )
-    sides = make_sides(rsyslogd, library_dir)
     runs = Runs()
     kill_runs: list[dict[str, Any]] = []
-    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     with session:
-        broker = session.broker()
+        contest = Contest(session, partial(Rsyslogd, rsyslogd, library_dir=library_dir))
         for rep in range(args.repeats):
             for name in alternate(rep, SIDES):
-                topic = f"{TOPIC_PREFIX}-e2e-{name}-{rep}-{os.getpid()}"
-                result = e2e_run(
-                    sides[name], broker, scratch / f"{name[0]}{rep}", topic, profile.events
-                )
+                result = contest.e2e_run(name, rep, profile.events)
                 for key, value in result.items():
                     runs.add(f"{name}_{key}", value)
                 progress(
@@ -848,14 +764,7 @@ def run(args: BenchArgs) -> dict[str, object]:
                 )
         for rep in range(profile.kill_runs):
             for name in alternate(rep, SIDES):
-                entry = kill_run(
-                    sides[name],
-                    broker.bootstrap_servers,
-                    scratch / f"k{name[0]}{rep}",
-                    f"{TOPIC_PREFIX}-kill-{name}-{rep}-{os.getpid()}",
-                    profile=profile,
-                    rng=rng,
-                )
+                entry = contest.kill_run(name, rep, profile)
                 kill_runs.append(entry)
                 runs.add(f"{name}_delivered_fraction", entry["delivered_fraction"])
                 progress(
@@ -993,15 +902,9 @@ def build_result(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def extra(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--events",
-            type=int,
-            default=None,
-            help=f"events per e2e run (default {FULL.events:,}, {QUICK.events:,} with --quick)",
-        )
-
-    return bench_main("The eventspool agent against rsyslog + omkafka", run, argv, extra)
+    if (arguments := child_arguments(argv)) is not None:
+        return reader_main(*arguments)
+    return bench_main("The eventspool agent against rsyslog + omkafka", run, argv)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@
     python bench/report.py --quick          # every bench with --quick, a 2-minute soak
     python bench/report.py --only e2e,uds   # rerun two benches, keep the others' results
     python bench/report.py --render-only    # redraw the page from docs/benchmarks.json
-    python bench/report.py --plots-only     # redraw only the PNGs in docs/img from it
     python bench/report.py --check          # rerun; compare each ratio with the published one
 
 Each bench script runs as its own process, one after the other (never two at once: they
@@ -201,7 +200,6 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--soak-duration", type=int, help=f"soak seconds ({soak})")
     add("--only", default="", help="comma-separated bench names to rerun")
     mode("--render-only", action="store_true", help="redraw from the stored JSON")
-    mode("--plots-only", action="store_true", help="redraw only the plots from the stored JSON")
     mode("--check", action="store_true", help="rerun as published, compare ratios; write nothing")
     band = f"a fraction, default {DEFAULT_TOLERANCE}: within /1.25 .. x1.25"
     add(
@@ -217,10 +215,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     if args.render_only:
         write_report(load_store())
-        return 0
-    if args.plots_only:
-        write_plots(load_store(), DOCS_DIR / IMAGE_DIR)
-        progress(f"wrote the plots in {DOCS_DIR / IMAGE_DIR}")
         return 0
     available = bench_scripts()
     chosen = [name for name in args.only.split(",") if name] or available

@@ -191,11 +191,9 @@ def run(args: BenchArgs) -> dict[str, object]:
         def through_fanout(index: int) -> object:
             return send(None, value, exchange="bench-fanout")
 
-        for name, call, writes in (
-            ("plain", plain, 1),
-            ("topic", through_topic, 1),
-            ("fanout3", through_fanout, 3),
-        ):
+        # (name, one call, records queued by each call)
+        sends = (("plain", plain, 1), ("topic", through_topic, 1), ("fanout3", through_fanout, 3))
+        for name, call, writes in sends:
             send_pass(spool, call, profile.send_events // 3, writes)  # warm-up, not recorded
             progress(f"warm-up: send {name}")
 
@@ -210,11 +208,7 @@ def run(args: BenchArgs) -> dict[str, object]:
             runs.add("trie_match", rate_of(trie.match, sample, profile.route_seconds))
             runs.add("route_direct", rate_of(direct.route, sample, profile.route_seconds / 3))
             runs.add("route_fanout", rate_of(fanout.route, sample, profile.route_seconds / 3))
-            for name, call, writes in (
-                ("plain", plain, 1),
-                ("topic", through_topic, 1),
-                ("fanout3", through_fanout, 3),
-            ):
+            for name, call, writes in sends:
                 runs.add(f"send_{name}", send_pass(spool, call, profile.send_events, writes))
             figures = {k: v[-1] for k, v in runs.values.items()}
             progress(

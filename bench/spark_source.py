@@ -21,7 +21,6 @@ broker, started here on the same machine.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -47,7 +46,7 @@ FIGURE = "spark_source_read_rate"
 PARTITIONS = 2
 PAYLOAD_BYTES = 100
 FULL_RECORDS = 1_000_000
-QUICK_RECORDS = 300_000
+QUICK_RECORDS = 100_000
 MASTER = "local[2]"
 FILL_CONFIG = {"linger.ms": 20, "compression.type": "lz4"}
 
@@ -117,8 +116,7 @@ def read_anchor(bootstrap: str, topic: str, records: int) -> tuple[int, float]:
 
 
 def run(args: BenchArgs) -> dict[str, object]:
-    records_arg: int | None = args.namespace.records
-    records = records_arg or (QUICK_RECORDS if args.quick else FULL_RECORDS)
+    records = QUICK_RECORDS if args.quick else FULL_RECORDS
     rates: dict[str, list[float]] = {"ours": [], "anchor": [], "tuple": []}
     with Session(args, "spark") as session:
         bootstrap = session.broker().bootstrap_servers
@@ -181,14 +179,7 @@ def run(args: BenchArgs) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def extra(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--records",
-            type=int,
-            help=f"records in the topic (default {FULL_RECORDS:,}, {QUICK_RECORDS:,} with --quick)",
-        )
-
-    return bench_main("Spark source read rate vs a bare confluent-kafka consumer", run, argv, extra)
+    return bench_main("Spark source read rate vs a bare confluent-kafka consumer", run, argv)
 
 
 if __name__ == "__main__":

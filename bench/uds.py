@@ -53,6 +53,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -156,15 +157,9 @@ def timed_rate(
         return sent, failed, first_error
 
     ran = run_together([loop] * threads, stop=stop, stop_after_s=seconds)
-    first_errors = [first for _, _, first in ran.results if first]
-    return RatePass(
-        events=sum(sent for sent, _, _ in ran.results),
-        errors=sum(failed for _, failed, _ in ran.results),
-        first_error=first_errors[0] if first_errors else None,
-        start_ns=ran.start_ns,
-        end_ns=ran.end_ns,
-        cpu_s=ran.cpu_s,
-    )
+    sent, failed, first_errors = zip(*ran.results, strict=True)
+    first_error = next((first for first in first_errors if first), None)
+    return RatePass(sum(sent), sum(failed), first_error, ran.start_ns, ran.end_ns, ran.cpu_s)
 
 
 def round_trips(client: Client, samples: int, warmup: int) -> list[int]:
@@ -191,30 +186,21 @@ def async_rate(client: Client, threads: int, seconds: float) -> RatePass:
     fired = timed_rate(fire, threads, seconds)
     cpu_before = time.process_time()
     futures_wait(futures)
-    end_ns = time.monotonic_ns()
-    refused = [future.exception() for future in futures if future.exception() is not None]
-    first = fired.first_error or (f"{type(refused[0]).__name__}: {refused[0]}" if refused else None)
-    return RatePass(
-        events=len(futures) - len(refused),
-        errors=fired.errors + len(refused),
-        first_error=first,
-        start_ns=fired.start_ns,
-        end_ns=end_ns,
-        cpu_s=fired.cpu_s + time.process_time() - cpu_before,
-    )
+    end_ns, cpu_s = time.monotonic_ns(), fired.cpu_s + time.process_time() - cpu_before
+    refused = [error for future in futures if (error := future.exception()) is not None]
+    first = fired.first_error or next((f"{type(e).__name__}: {e}" for e in refused), None)
+    events, errors = len(futures) - len(refused), fired.errors + len(refused)
+    return RatePass(events, errors, first, fired.start_ns, end_ns, cpu_s)
 
 
 def combine(passes: Sequence[RatePass]) -> RatePass:
     """Passes that ran at once, as one: all events over the union of their windows."""
-    errors = [p.first_error for p in passes if p.first_error]
-    return RatePass(
-        events=sum(p.events for p in passes),
-        errors=sum(p.errors for p in passes),
-        first_error=errors[0] if errors else None,
-        start_ns=min(p.start_ns for p in passes),
-        end_ns=max(p.end_ns for p in passes),
-        cpu_s=sum(p.cpu_s for p in passes),
+    first_error = next((p.first_error for p in passes if p.first_error), None)
+    events, errors, cpu_s = (
+        sum(getattr(p, key) for p in passes) for key in ("events", "errors", "cpu_s")
     )
+    start, end = min(p.start_ns for p in passes), max(p.end_ns for p in passes)
+    return RatePass(events, errors, first_error, start, end, cpu_s)
 
 
 def handoff_ceiling(threads: int, seconds: float) -> float:
@@ -227,36 +213,28 @@ def handoff_ceiling(threads: int, seconds: float) -> float:
         lock.acquire()
     ready: queue.SimpleQueue[int] = queue.SimpleQueue()
     stop = threading.Event()
-    counts = [0] * threads
 
-    def caller(slot: int) -> None:
+    def caller(slot: int) -> int:
+        woken = 0
         while not stop.is_set():
             ready.put(slot)
             locks[slot].acquire()
-            counts[slot] += 1
+            woken += 1
+        ready.put(-1)  # this caller is done
+        return woken
 
-    def waker() -> None:
-        while (slot := ready.get()) >= 0:
-            with contextlib.suppress(RuntimeError):  # released by the clean-up below
+    def waker() -> int:
+        done = 0
+        while done < threads:
+            if (slot := ready.get()) < 0:
+                done += 1
+            else:
                 locks[slot].release()
+        return 0
 
-    workers = [threading.Thread(target=caller, args=(n,), daemon=True) for n in range(threads)]
-    releaser = threading.Thread(target=waker, daemon=True)
-    started = time.monotonic()
-    for thread in [*workers, releaser]:
-        thread.start()
-    time.sleep(seconds)
-    stop.set()
-    elapsed = time.monotonic() - started
-    total = sum(counts)
-    ready.put(-1)
-    releaser.join(5)
-    for lock in locks:  # a caller that queued itself after the stop is still waiting
-        with contextlib.suppress(RuntimeError):
-            lock.release()
-    for thread in workers:
-        thread.join(5)
-    return total / elapsed
+    work: list[Callable[[], int]] = [*(partial(caller, n) for n in range(threads)), waker]
+    ran = run_together(work, stop=stop, stop_after_s=seconds)
+    return sum(ran.results) / ran.seconds
 
 
 _ECHO = (
@@ -568,9 +546,7 @@ def build_result(
         "rate_tcp_async_plaintext": round(m["tcp_async_plain_rate"]),
         "rate_tcp_async_tls": round(m["tcp_async_tls_rate"]),
         "tls_cost_send_async": None if tls_async_ratio is None else round(1 - tls_async_ratio, 4),
-        "rtt_p50_us": m["rtt_p50_us"],
-        "rtt_p99_us": m["rtt_p99_us"],
-        "rtt_p999_us": m["rtt_p999_us"],
+        **{f"rtt_{stat}": m[f"rtt_{stat}"] for stat in ("p50_us", "p99_us", "p999_us")},
         "payload_bytes": PAYLOAD_BYTES,
         "goals": {
             "rate_one_batching_client": GOAL_RATE,
