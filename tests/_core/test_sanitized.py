@@ -244,7 +244,7 @@ def test_core_under_sanitizers(tmp_path: Path) -> None:
         [sys.executable, "setup.py", "build_ext", "--inplace"],
         cwd=tmp_path,
         env=build_env,
-        timeout=300,
+        timeout=240,
     )
     assert build.returncode == 0, f"sanitized build failed:\n{build.stdout}\n{build.stderr}"
     built = sorted((src / "eventspool" / "_core").glob("native.*.so"))
@@ -320,7 +320,7 @@ def test_core_under_sanitizers(tmp_path: Path) -> None:
         ],
         cwd=REPO_ROOT,
         env=_sanitizer_options(env, run_reports),
-        timeout=220,
+        timeout=330,
     )
     output = f"{run.stdout}\n{run.stderr}"
     reports = _read_reports(run_reports)
