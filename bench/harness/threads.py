@@ -33,13 +33,18 @@ class Together(Generic[T]):
 
 
 def run_together(
-    work: Sequence[Callable[[], T]], *, stop: threading.Event | None = None, stop_after_s: float = 0
+    work: Sequence[Callable[[], T]],
+    *,
+    stop: threading.Event | None = None,
+    stop_after_s: float = 0,
+    release_at_ns: int | None = None,
 ) -> Together[T]:
     """Run each of `work` in a thread of its own, all released at once by a barrier.
 
     With `stop`, it is set `stop_after_s` after the release, for work that loops until it
-    is told; a call in progress then is counted and timed. A thread's exception is raised
-    once every thread ended.
+    is told; a call in progress then is counted and timed. With `release_at_ns` (monotonic
+    time, which every process shares) the barrier opens no earlier, so passes in several
+    processes begin together. A thread's exception is raised once every thread ended.
     """
     barrier = threading.Barrier(len(work) + 1)
     results: list[T | None] = [None] * len(work)
@@ -58,6 +63,8 @@ def run_together(
     for thread in threads:
         thread.start()
     gc.collect()  # not a collection left over from the set-up, in the timed region
+    if release_at_ns is not None:
+        time.sleep(max(0.0, (release_at_ns - time.monotonic_ns()) / 1e9))
     cpu = time.process_time()
     barrier.wait()
     start_ns = time.monotonic_ns()

@@ -1,0 +1,85 @@
+"""The floor of a request and its answer over a unix socket: a minimal epoll echo server in
+C (`echo_server.c` beside this module), built with the machine's C compiler into a run's
+scratch directory and run as its own process, and the round trip a caller makes to it.
+
+Only the source is kept; a run compiles its own binary, so the floor is always this
+machine's.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+SOURCE = Path(__file__).with_name("echo_server.c")
+COMPILER = "cc"
+
+
+def have_compiler() -> bool:
+    return shutil.which(COMPILER) is not None
+
+
+class EchoServer:
+    """The echo server, built in `directory` and listening on `directory/echo.sock` until
+    closed."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        binary = directory / "echo_server"
+        built = subprocess.run(
+            [COMPILER, "-O2", "-o", binary, SOURCE], capture_output=True, text=True, check=False
+        )
+        if built.returncode != 0:
+            raise RuntimeError(f"{COMPILER} could not build {SOURCE.name}: {built.stderr}")
+        self.socket_path = directory / "echo.sock"
+        self.process = subprocess.Popen(
+            [binary, self.socket_path], stdout=subprocess.PIPE, text=True
+        )
+        assert self.process.stdout is not None
+        if self.process.stdout.readline().strip() != "ready":
+            self.close()
+            raise RuntimeError(f"the echo server did not start ({self.process.returncode})")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def connected(path: str | Path) -> socket.socket:
+    """A connection to the unix socket at `path` (the echo server's, or any other)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def round_trip(sock: socket.socket, payload: bytes) -> None:
+    """`payload` written to an echo and as many bytes read back: one request and its answer."""
+    sock.sendall(payload)
+    if len(sock.recv(len(payload), socket.MSG_WAITALL)) != len(payload):
+        raise ConnectionError("the echo closed the connection")
