@@ -124,10 +124,17 @@ class Spares:
         """Make a spare (on the background thread), then offer it.
 
         Its name is not part of the chain: a crash leaves a spare that the next open
-        removes. Nothing is synced (see segments.py). One not wanted any more is deleted
-        outside the queue's lock: unmapping and unlinking take milliseconds that a writer
-        waiting to chain would otherwise wait too.
+        removes. Nothing is synced (see segments.py). None is made when recycled
+        segments filled the spares meanwhile: making one costs a page fault per 4 KiB,
+        and deleting it again as much, on a core the writer may need. One not wanted
+        any more once made is deleted outside the queue's lock: unmapping and unlinking
+        take milliseconds that a writer waiting to chain would otherwise wait too.
         """
+        with self._lock:
+            if not needed() or len(self.ready) >= SPARES_AHEAD:
+                self._coming -= 1
+                self._arrived.notify_all()
+                return
         made: list[RingQueue] = []
 
         def create() -> int:
