@@ -16,21 +16,20 @@ from eventspool.clock import SYSTEM_CLOCK
 from eventspool.config import QueueSettings
 from eventspool.errors import QueueFileError
 from eventspool.spool.ring import HEADER_SIZE, RingQueue, allocated_bytes
+from eventspool.spool.segment_files import create_spare_ring
 from tests.spool.segment_support import SEGMENT
 
 SETTINGS = QueueSettings(capacity_bytes=SEGMENT, segment_bytes=SEGMENT)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def create_mapped(path: Path) -> tuple[RingQueue, int]:
-    return RingQueue.create_mapped(
-        path, SETTINGS, max_payload=3000, clock=SYSTEM_CLOCK, on_fsync=None
-    )
+def create_spare(path: Path) -> tuple[RingQueue, int]:
+    return create_spare_ring(path, SETTINGS, max_payload=3000, clock=SYSTEM_CLOCK, on_fsync=None)
 
 
 def test_a_mapped_ring_is_an_empty_ring_that_reopens_as_written(tmp_path: Path) -> None:
     path = tmp_path / "0.spare.1"
-    ring, allocated = create_mapped(path)
+    ring, allocated = create_spare(path)
     with ring:
         assert allocated == allocated_bytes(path) >= HEADER_SIZE + SEGMENT
         assert ring.depth == 0 and ring.recovery.records == 0 and not ring.recovery.corrupt_tail
@@ -70,7 +69,7 @@ def test_a_file_that_cannot_be_created_is_a_queue_file_error_naming_it(tmp_path:
     path = tmp_path / "missing-directory" / "0.spare.1"
     assert MappedFile().create(os.fsencode(path), b"", 4096) == (MAP_CREATE, errno.ENOENT)
     with pytest.raises(QueueFileError, match="cannot create: No such file") as raised:
-        create_mapped(path)
+        create_spare(path)
     assert raised.value.path == str(path)
 
 
@@ -83,11 +82,11 @@ def test_a_reservation_the_disk_refuses_is_an_error_and_leaves_no_file(tmp_path:
         import resource, signal, sys
         from pathlib import Path
         from eventspool.errors import QueueFileError
-        from tests.spool.test_spare_files import create_mapped
+        from tests.spool.test_spare_files import create_spare
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
         try:
-            create_mapped(Path({str(path)!r}))
+            create_spare(Path({str(path)!r}))
         except QueueFileError as exc:
             print(exc)
             sys.exit(0)

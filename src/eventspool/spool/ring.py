@@ -211,6 +211,7 @@ class RingQueue:
         on_fsync: SyncObserver | None = None,
         mapping: MappedFile | None = None,
     ) -> None:
+        # `mapping`: the file mapped already (segment_files.create_spare_ring).
         self.path = path
         self.settings = settings
         self._clock = clock
@@ -275,47 +276,6 @@ class RingQueue:
         except BaseException:
             os.close(fd)
             raise
-
-    @classmethod
-    def create_mapped(
-        cls,
-        path: Path,
-        settings: QueueSettings,
-        *,
-        max_payload: int,
-        clock: Clock,
-        on_fsync: SyncObserver | None,
-    ) -> tuple[RingQueue, int]:
-        """A new, empty ring at `path`, every page already touched, and the bytes it takes
-        on disk. The file is created, reserved and mapped in one call that lets go of the
-        interpreter lock once (MappedFile), for a thread that makes segments ahead of a
-        writer holding that lock (spares.py). Nothing is synced, and a process killed
-        meanwhile leaves a partial file: `path` must be a name the next open removes.
-
-        Raises DiskFullError or QueueFileError as create_file does.
-        """
-        capacity = segment_capacity(settings)
-        mapping = MappedFile()
-        step, error = mapping.create(os.fsencode(path), _header(capacity), HEADER_SIZE + capacity)
-        if step:
-            raise _creation_error(path, HEADER_SIZE + capacity, step, error)
-        try:
-            ring = cls(
-                path,
-                mapping.fd,
-                settings,
-                clock,
-                max_payload,
-                writable=True,
-                on_fsync=on_fsync,
-                mapping=mapping,
-            )
-        except BaseException:
-            mapping.close()
-            os.close(mapping.fd)
-            path.unlink(missing_ok=True)
-            raise
-        return ring, mapping.allocated
 
     def _read_static_header(self, size: int) -> int:
         magic, version, header_size, capacity = _STATIC.unpack_from(self._mm, 0)
@@ -570,13 +530,13 @@ def create_file(
     try:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o640)
     except OSError as exc:
-        raise _creation_error(path, HEADER_SIZE + capacity, MAP_CREATE, exc.errno) from exc
+        raise creation_error(path, HEADER_SIZE + capacity, MAP_CREATE, exc.errno) from exc
     try:
         try:
             os.posix_fallocate(fd, 0, HEADER_SIZE + capacity)
         except OSError as exc:
-            raise _creation_error(path, HEADER_SIZE + capacity, MAP_RESERVE, exc.errno) from exc
-        os.pwrite(fd, _header(capacity, head_seq, dropped, skipped), 0)
+            raise creation_error(path, HEADER_SIZE + capacity, MAP_RESERVE, exc.errno) from exc
+        os.pwrite(fd, ring_header(capacity, head_seq, dropped, skipped), 0)
         if sync:
             os.fsync(fd)
         allocated = os.fstat(fd).st_blocks * 512
@@ -591,7 +551,7 @@ def create_file(
     return int(allocated)
 
 
-def _header(capacity: int, head_seq: int = 0, dropped: int = 0, skipped: int = 0) -> bytes:
+def ring_header(capacity: int, head_seq: int = 0, dropped: int = 0, skipped: int = 0) -> bytes:
     """The header page of a new ring file: the static header, and slot B holding the
     position (slot A all zeros fails its checksum, so slot B is read)."""
     static = _STATIC.pack(MAGIC, FORMAT_VERSION, HEADER_SIZE, capacity)
@@ -604,7 +564,7 @@ def _header(capacity: int, head_seq: int = 0, dropped: int = 0, skipped: int = 0
     return bytes(header)
 
 
-def _creation_error(path: Path, size: int, step: int, error: int | None) -> QueueFileError:
+def creation_error(path: Path, size: int, step: int, error: int | None) -> QueueFileError:
     """What callers see when creating a queue file failed at `step` (MAP_CREATE,
     MAP_RESERVE, MAP_MAP) with errno `error`: a full disk is a DiskFullError."""
     reason = os.strerror(error) if error else "unknown error"

@@ -70,7 +70,13 @@ from eventspool.spool.ring import (
     frame_size,
     segment_capacity,
 )
-from eventspool.spool.segment_files import Segment, find_segments, never_written, segment_path
+from eventspool.spool.segment_files import (
+    Segment,
+    create_spare_ring,
+    find_segments,
+    never_written,
+    segment_path,
+)
 from eventspool.spool.spares import Background, Spares
 
 # What RingCore.read_for_kafka gives: (sequence, key, value, create ms, headers or None).
@@ -221,7 +227,7 @@ class SegmentedQueue:
         )
 
     def _create_spare_ring(self, path: Path) -> tuple[RingQueue, int]:
-        return RingQueue.create_mapped(
+        return create_spare_ring(
             path,
             self._ring_settings,
             max_payload=self._max_payload,

@@ -11,7 +11,7 @@ one that the next open removes.
 The writer holds the interpreter lock while it appends, so a thread that lets go of it
 waits up to a switch interval to have it back. A spare is therefore created, reserved,
 mapped and touched in one compiled call that lets go of the lock once
-(RingQueue.create_mapped): made in Python steps, each syscall such a wait, spares came
+(segment_files.create_spare_ring): made in Python steps, each syscall such a wait, spares came
 later than the writer needed them, and it made its next segments itself. For the same
 reason the renames done under the queue's lock keep the interpreter lock.
 """
