@@ -283,27 +283,6 @@ def test_a_writer_that_finds_no_spare_waits_for_the_one_being_made(tmp_path: Pat
         assert drain(queue) == list(range(127))
 
 
-def test_a_segment_is_read_without_the_queue_lock(tmp_path: Path) -> None:
-    """A writer that chains does not wait for a long read; a segment deleted meanwhile
-    (acknowledged by another thread) is passed over."""
-    with open_queue(tmp_path) as queue:
-        fill(queue.append, 63 + 10)  # segment 0 holds 63 records, segment 1 the rest
-        assert [record.seq for record in queue.read_batch(63, 1 << 30)] == list(range(63))
-        calls: list[RingCore] = []
-
-        def read(core: RingCore, max_records: int, max_bytes: int) -> list[tuple[int, int, bytes]]:
-            assert queue._lock.acquire(blocking=False)
-            queue._lock.release()
-            if not calls:
-                queue.ack(62)  # as the sender's thread would: segment 0 is deleted
-            calls.append(core)
-            return core.read_records(max_records, max_bytes)
-
-        batch = queue._read(read, 100, 1 << 30)
-        assert [fields[0] for fields in batch] == list(range(63, 73))
-        assert calls[0].closed and len(calls) == 2
-
-
 def spare_files(directory: Path) -> list[str]:
     return sorted(path.name for path in directory.glob("*.spare.*"))
 

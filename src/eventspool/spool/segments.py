@@ -450,28 +450,14 @@ class SegmentedQueue:
         max_records: int,
         max_bytes: int,
     ) -> list[_Read]:
-        """Read the segment being read, without the queue's lock (its ring has its own):
-        reading many records holds the interpreter lock for milliseconds, and a writer
-        that waits for the queue's lock to chain then waits a switch interval more to
-        have the interpreter lock back."""
-        while True:
-            with self._lock:
-                if self._closed:
-                    raise SpoolClosedError(f"queue {self.path} is closed")
-                segment = self._segments[self._reading]
-                # Not the newest: sealed before this read, so an empty read is its end.
-                sealed = segment is not self._segments[-1]
-            try:
-                batch = read(segment.ring.core, max_records, max_bytes)
-            except ValueError:
-                if not segment.ring.core.closed:
-                    raise
-                continue  # deleted meanwhile (acknowledged, or dropped), or the queue closed
-            if batch or not sealed:
-                return batch
-            with self._lock:
-                if self._segments[self._reading] is segment:
-                    self._reading += 1  # a sealed segment read to its end
+        with self._lock:
+            if self._closed:
+                raise SpoolClosedError(f"queue {self.path} is closed")
+            while True:
+                batch = read(self._segments[self._reading].ring.core, max_records, max_bytes)
+                if batch or self._reading == len(self._segments) - 1:
+                    return batch
+                self._reading += 1  # a sealed segment read to its end
 
     def rewind(self) -> None:
         """Hand out again every record not yet acknowledged (after a failed send)."""
