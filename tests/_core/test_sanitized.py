@@ -37,6 +37,7 @@ CORE_TESTS = (
     "tests/spool/test_segments.py",
     "tests/spool/test_segments_model.py",
     "tests/spool/test_segments_recovery.py",
+    "tests/spool/test_spare_files.py",
     "tests/spool/test_partitioner.py",
     "tests/spool/test_ring_concurrency.py",
     "tests/spool/test_recovery_fuzz.py",

@@ -160,7 +160,7 @@ class _KillingSpace(Space):
         self.kind, self.at, self._rng = kind, at, rng
         self.grown = self.deleted = 0
 
-    def grow(self, path: Path, size: int, make: Callable[[], None]) -> int | None:
+    def grow(self, path: Path, size: int, make: Callable[[], int]) -> int | None:
         self.grown += 1
         if self.kind != "create" or self.grown != self.at:
             return super().grow(path, size, make)

@@ -21,12 +21,13 @@ class Space:
         self.limit = limit
         self.used = 0
 
-    def first(self, path: Path, make: Callable[[], None]) -> int:
-        make()
-        self.used += allocated_bytes(path)
-        return allocated_bytes(path)
+    def first(self, path: Path, make: Callable[[], int]) -> int:
+        allocated = make()
+        assert allocated == allocated_bytes(path)
+        self.used += allocated
+        return allocated
 
-    def grow(self, path: Path, size: int, make: Callable[[], None]) -> int | None:
+    def grow(self, path: Path, size: int, make: Callable[[], int]) -> int | None:
         if self.limit is not None and self.used + size > self.limit:
             return None
         return self.first(path, make)

@@ -15,6 +15,7 @@ from eventspool.errors import CorruptQueueError, SpoolFullError
 from eventspool.spool.ring import RingQueue, create_file
 from eventspool.spool.segment_files import parse_segment_name, segment_path
 from eventspool.spool.segments import SegmentedQueue
+from eventspool.spool.spares import SPARES_AHEAD
 from tests.spool.segment_support import SEGMENT, Space, open_queue, segment_files
 
 PAYLOAD = b"x" * 1000  # 1032-byte frames: 63 fit in one segment
@@ -220,19 +221,19 @@ def test_a_growing_queue_makes_its_next_segments_ahead_of_need(tmp_path: Path) -
     space = Space()
     with open_queue(tmp_path, segments=8, space=space, background=jobs.append) as queue:
         fill(queue.append, 64)
-        assert len(jobs) == 2
+        assert len(jobs) == SPARES_AHEAD
         while jobs:
             jobs.pop()()
-        assert spare_files(tmp_path) == ["0.spare.1", "0.spare.2"]
+        assert spare_files(tmp_path) == [f"0.spare.{k + 1}" for k in range(SPARES_AHEAD)]
         assert queue.stats().allocated_bytes == space.used
         spare_cores = [spare.ring.core for spare in queue._spares.ready]
         fill(queue.append, 63)
         assert queue.write_core in spare_cores
         assert segment_files(tmp_path) == ["0.1.queue", "0.2.queue", "0.queue"]
-        assert len(spare_files(tmp_path)) == 1 and len(jobs) == 1
+        assert len(spare_files(tmp_path)) == SPARES_AHEAD - 1 and len(jobs) == 1
         jobs.pop()()
-        queue.ack(queue.read_batch(63, 1 << 30)[-1].seq)  # segment 0 emptied: two spares
-        assert len(spare_files(tmp_path)) == 2  # already, so it is deleted
+        queue.ack(queue.read_batch(63, 1 << 30)[-1].seq)  # segment 0 emptied: all spares
+        assert len(spare_files(tmp_path)) == SPARES_AHEAD  # there already, so it is deleted
         assert drain(queue) == list(range(63, 127))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["0.2.queue"]
         assert space.used == queue.stats().allocated_bytes
@@ -248,10 +249,38 @@ def test_an_emptied_segment_is_recycled_while_the_backlog_lasts(tmp_path: Path) 
         jobs.clear()
         first = queue._segments[0].ring.core
         queue.ack(queue.read_batch(63, 1 << 30)[-1].seq)
-        assert spare_files(tmp_path) == ["0.spare.3"]
+        assert spare_files(tmp_path) == [f"0.spare.{SPARES_AHEAD + 1}"]
         fill(queue.append, 63)
         assert queue.write_core is first and not first.sealed
         assert drain(queue) == list(range(63, 253))
+
+
+def test_a_writer_that_finds_no_spare_waits_for_the_one_being_made(tmp_path: Path) -> None:
+    """Rather than make its own, slower, with the queue's lock held, while the one being
+    made would end up deleted."""
+    timers: list[threading.Timer] = []
+
+    def later(job: Callable[[], None]) -> None:
+        timers.append(threading.Timer(0.01, job))
+        timers[-1].start()
+
+    with open_queue(tmp_path, segments=8, background=later) as queue:
+        made: list[RingQueue] = []
+        create_ring = queue._spares._create_ring
+
+        def recorded(path: Path) -> tuple[RingQueue, int]:
+            ring, allocated = create_ring(path)
+            made.append(ring)
+            return ring, allocated
+
+        queue._spares._create_ring = recorded
+        fill(queue.append, 64)  # the first chain: made on the spot, then spares asked for
+        assert not made
+        fill(queue.append, 63)  # the next one at once: its spare is still being made
+        assert queue.writer in made
+        for timer in timers:
+            timer.join()
+        assert drain(queue) == list(range(127))
 
 
 def spare_files(directory: Path) -> list[str]:

@@ -4,16 +4,15 @@
 
 The Python modules above it keep policy: configuration, errors and their wording,
 retries, routing decisions and metrics. What is here frames records into the ring files
-(ring.pxi), builds and parses envelopes (envelope.pxi), makes event ids (ids.pxi),
-hashes keys and picks partitions (route.pxi), and feeds drained batches to librdkafka
-and accounts their delivery reports (delivery.pxi); it also writes the agent's SEND frames
-straight into the rings (intake.pxi), encodes a client's events for those frames
-(wire.pxi), packs the consumer's key-ordered records for its workers (transfer.pxi),
-hands them over in shared memory (handoff.pxi) and builds the Records its handlers get
-(record.pxi). The
-formats are written out at the top of eventspool/spool/ring.py and
-eventspool/envelope.py; the golden-bytes tests check this code against them, not against
-itself.
+(ring.pxi) and creates and maps new ones (mapped_file.pxi), builds and parses envelopes
+(envelope.pxi), makes event ids (ids.pxi), hashes keys and picks partitions (route.pxi),
+and feeds drained batches to librdkafka and accounts their delivery reports
+(delivery.pxi); it also writes the agent's SEND frames straight into the rings
+(intake.pxi), encodes a client's events for those frames (wire.pxi), packs the
+consumer's key-ordered records for its workers (transfer.pxi), hands them over in shared
+memory (handoff.pxi) and builds the Records its handlers get (record.pxi). The formats
+are written out at the top of eventspool/spool/ring.py and eventspool/envelope.py; the
+golden-bytes tests check this code against them, not against itself.
 
 Locking: a ring's lock is a pthread mutex. A thread holding the interpreter lock only
 ever try-locks it, and waits for it with the interpreter lock released, so a ring
@@ -21,11 +20,19 @@ holder that copies a large event without the interpreter lock can never deadlock
 a thread that holds the interpreter lock and wants the ring.
 """
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+cimport posix.fcntl as fcntl
+cimport libc.stdio as stdio
+cimport posix.mman as mman
+cimport posix.unistd as unistd
+from cpython.buffer cimport (
+    PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer,
+)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
+from libc.errno cimport errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
+from posix.stat cimport fstat, struct_stat
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 
@@ -145,6 +152,7 @@ cdef inline str _ascii(const char *data, Py_ssize_t length):
 include "envelope.pxi"
 include "ids.pxi"
 include "ring.pxi"
+include "mapped_file.pxi"
 include "route.pxi"
 include "delivery.pxi"
 include "intake.pxi"

@@ -132,51 +132,63 @@ cdef class RingCore:
 
         Returns (records, corrupt, stop position, write hint); sets the tail there.
         """
+        cdef uint64_t records
+        cdef bint corrupt = False
+        # A ring with no record at its head (a new one) is scanned without letting go of
+        # the interpreter lock: a thread that makes spares would wait to have it back.
+        if es_get_u32(self._area + self.head % self.capacity) == 0:
+            records = self._scan(&corrupt)
+        else:
+            with nogil:
+                records = self._scan(&corrupt)
+        self.read = self.head
+        self.read_seq = self.head_seq
+        return records, corrupt, self.tail, es_get_u64(self._map + HINT_OFFSET)
+
+    cdef uint64_t _scan(self, bint *corrupt) noexcept nogil:
+        """The scan itself: sets the tail and next sequence, returns the records found."""
         cdef uint64_t pos = self.head, seq = self.head_seq, cap = self.capacity
         cdef uint64_t records = 0, phys, room, fseq
         cdef uint32_t word, length, gen, prev_gen = 0
-        cdef bint corrupt = False, padding
+        cdef bint padding
         cdef const char *base
-        with nogil:
-            while pos - self.head < cap:
-                phys = pos % cap
-                room = cap - phys
-                if room < FRAME_HEADER:
-                    pos += room
-                    continue
-                base = self._area + phys
-                word = es_get_u32(base)
-                if word == 0:
-                    break
-                length = word & LENGTH_MASK
-                padding = (word & PADDING_FLAG) != 0
-                fseq = es_get_u64(base + 8)
-                gen = es_get_u32(base + 24)
-                if fseq < seq or gen < prev_gen:
-                    break
-                if (
-                    fseq != seq
-                    or gen > self.generation
-                    or es_get_u32(base + 28) != 0
-                    or (padding and length != room)
-                    or (not padding and _frame_size(length) > room)
-                    or es_get_u32(base + 4)
-                    != es_crc32c(word, base + 8, 24 + (0 if padding else length))
-                ):
-                    corrupt = True
-                    break
-                prev_gen = gen
-                if padding:
-                    pos += room
-                    continue
-                pos += _frame_size(length)
-                seq += 1
-                records += 1
+        while pos - self.head < cap:
+            phys = pos % cap
+            room = cap - phys
+            if room < FRAME_HEADER:
+                pos += room
+                continue
+            base = self._area + phys
+            word = es_get_u32(base)
+            if word == 0:
+                break
+            length = word & LENGTH_MASK
+            padding = (word & PADDING_FLAG) != 0
+            fseq = es_get_u64(base + 8)
+            gen = es_get_u32(base + 24)
+            if fseq < seq or gen < prev_gen:
+                break
+            if (
+                fseq != seq
+                or gen > self.generation
+                or es_get_u32(base + 28) != 0
+                or (padding and length != room)
+                or (not padding and _frame_size(length) > room)
+                or es_get_u32(base + 4)
+                != es_crc32c(word, base + 8, 24 + (0 if padding else length))
+            ):
+                corrupt[0] = True
+                break
+            prev_gen = gen
+            if padding:
+                pos += room
+                continue
+            pos += _frame_size(length)
+            seq += 1
+            records += 1
         self.tail = pos
         self.next_seq = seq
-        self.read = self.head
-        self.read_seq = self.head_seq
-        return records, corrupt, pos, es_get_u64(self._map + HINT_OFFSET)
+        return records
 
     def start_writing(self, uint64_t skipped, bint scrub) -> None:
         """Take the file over after a scan: a new generation, and garbage past the tail zeroed.
@@ -426,23 +438,6 @@ cdef class RingCore:
         self.skipped = skipped
         self._persist_head()
         es_put_u64(self._map + HINT_OFFSET, head_seq)
-        self._release()
-
-    def prefault(self) -> None:
-        """Touch every page of a fresh, empty ring without the interpreter lock, so the
-        writer that takes it as its next segment does not fault on each page."""
-        cdef uint64_t offset
-        self._check_writable()
-        self._acquire()
-        self._check_open_locked()
-        if self.tail != 0 or self.next_seq != self.head_seq:
-            self._release()
-            raise ValueError("only a fresh, empty ring can be prefaulted")
-        with nogil:
-            offset = 0
-            while offset < self.capacity:
-                (<volatile char *>(self._area + offset))[0] = 0
-                offset += PAGE
         self._release()
 
     def add_counts(self, uint64_t dropped, uint64_t skipped) -> None:

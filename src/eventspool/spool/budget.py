@@ -37,13 +37,14 @@ _LOG_EVERY_S = 60.0
 class SegmentSpace(Protocol):
     """Where a queue asks for disk: this budget, as registry.py shows it to one queue."""
 
-    def first(self, path: Path, make: Callable[[], None]) -> int:
-        """Run `make` to create a queue's first segment at `path`; its allocated bytes.
+    def first(self, path: Path, make: Callable[[], int]) -> int:
+        """Run `make` to create a queue's first segment at `path`; the bytes it takes on
+        disk, which `make` returns.
 
         Raises SpoolBudgetError when the budget refuses it.
         """
 
-    def grow(self, path: Path, size: int, make: Callable[[], None]) -> int | None:
+    def grow(self, path: Path, size: int, make: Callable[[], int]) -> int | None:
         """Run `make` for a further segment of `size` bytes if the budget has room; its
         allocated bytes, or None when it has not."""
 
@@ -82,13 +83,13 @@ class DiskBudget:
         self._next_log = 0.0
 
     def create(
-        self, topic: str, path: Path, size: int, make: Callable[[], None], *, enforce: bool = True
+        self, topic: str, path: Path, size: int, make: Callable[[], int], *, enforce: bool = True
     ) -> int:
         """Run `make` to create a queue's first file at `path`; for a new topic only if
         `size` more bytes and one more topic fit, SpoolBudgetError otherwise. Creations
         are serialised, so two at once cannot both take the last room. Without `enforce`
-        (or for a topic that has queues) the file is only counted. Returns the bytes the
-        file takes on disk."""
+        (or for a topic that has queues) the file is only counted. `make` returns the
+        bytes the file takes on disk, and so does this."""
         with self._lock:
             new_topic = topic not in self._topics
             refusal = self._refusal(topic, size) if enforce and new_topic else None
@@ -96,20 +97,19 @@ class DiskBudget:
                 self._refusals += 1
                 self._log_refusal(refusal)
                 raise SpoolBudgetError(refusal)
-            make()
-            allocated = allocated_bytes(path)
+            allocated = make()
             self._used += allocated
             self._topics.add(topic)
             return allocated
 
-    def grow(self, path: Path, size: int, make: Callable[[], None]) -> int | None:
+    def grow(self, path: Path, size: int, make: Callable[[], int]) -> int | None:
         """Run `make` to create a further segment at `path` if `size` more bytes fit:
-        the bytes it takes on disk, or None (the queue is full) when they do not."""
+        the bytes it takes on disk (what `make` returns), or None (the queue is full)
+        when they do not."""
         with self._lock:
             if self._max_bytes is not None and self._used + size > self._max_bytes:
                 return None
-            make()
-            allocated = allocated_bytes(path)
+            allocated = make()
             self._used += allocated
             return allocated
 

@@ -388,12 +388,12 @@ class _TopicSpace:
     first_size: int
     admitted: bool
 
-    def first(self, path: Path, make: Callable[[], None]) -> int:
+    def first(self, path: Path, make: Callable[[], int]) -> int:
         return self.budget.create(
             self.topic, path, self.first_size, make, enforce=not self.admitted
         )
 
-    def grow(self, path: Path, size: int, make: Callable[[], None]) -> int | None:
+    def grow(self, path: Path, size: int, make: Callable[[], int]) -> int | None:
         return self.budget.grow(path, size, make)
 
     def removed(self, allocated: int) -> None:

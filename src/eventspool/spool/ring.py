@@ -62,10 +62,13 @@ from eventspool._core.native import (
     ACK_NOT_HANDED_OUT,
     APPEND_BAD_LENGTH,
     APPEND_CLOSED,
+    MAP_CREATE,
+    MAP_RESERVE,
     RING_FRAME_HEADER_SIZE,
     RING_HEADER_SIZE,
     RING_PAGE,
     RING_SLOT_OFFSETS,
+    MappedFile,
     RingCore,
     crc32c,
 )
@@ -206,17 +209,21 @@ class RingQueue:
         *,
         writable: bool,
         on_fsync: SyncObserver | None = None,
+        mapping: MappedFile | None = None,
     ) -> None:
+        # `mapping`: the file mapped already (segment_files.create_spare_ring).
         self.path = path
         self.settings = settings
         self._clock = clock
         self._fd = fd
         self._writable = writable
-        size = os.fstat(fd).st_size
+        size = os.fstat(fd).st_size if mapping is None else mapping.size
         if size < HEADER_SIZE + PAGE:
             raise CorruptQueueError(str(path), f"file is {size} bytes, too short for a queue")
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-        self._mm = mmap.mmap(fd, size, access=access)
+        self._mm: mmap.mmap | MappedFile = (
+            mmap.mmap(fd, size, access=access) if mapping is None else mapping
+        )
         capacity = self._read_static_header(size)
         # Writers that wait for room under `block` sleep here; ack() wakes them.
         self._space = threading.Condition()
@@ -276,7 +283,7 @@ class RingQueue:
         if magic != MAGIC:
             raise CorruptQueueError(name, f"bad magic {magic!r}: not an eventspool queue file")
         (stored_crc,) = _U32.unpack_from(self._mm, _STATIC_CRC_OFFSET)
-        if stored_crc != crc32c(self._mm[0:_STATIC_CRC_OFFSET]):
+        if stored_crc != crc32c(memoryview(self._mm)[0:_STATIC_CRC_OFFSET]):
             raise CorruptQueueError(name, "header checksum mismatch; refusing to guess positions")
         if version != FORMAT_VERSION:
             raise CorruptQueueError(name, f"format version {version} is not supported")
@@ -292,7 +299,7 @@ class RingQueue:
         for offset in _SLOT_OFFSETS:
             fields = _SLOT.unpack_from(self._mm, offset)
             (stored,) = _U32.unpack_from(self._mm, offset + _SLOT_CRC_OFFSET)
-            if stored != crc32c(self._mm[offset : offset + _SLOT.size]):
+            if stored != crc32c(memoryview(self._mm)[offset : offset + _SLOT.size]):
                 continue
             if best is None or fields[0] > best[0]:
                 best = fields
@@ -506,8 +513,9 @@ def create_file(
     skipped: int = 0,
     *,
     sync: bool = True,
-) -> None:
-    """Create a queue file completely or not at all, its first record to be `head_seq`.
+) -> int:
+    """Create a queue file completely or not at all, its first record to be `head_seq`;
+    returns the bytes it takes on disk (st_blocks, what the disk budget counts).
 
     The space is reserved with posix_fallocate, never left sparse: a write into a hole
     of a full disk through mmap is a SIGBUS, while fallocate fails cleanly with ENOSPC.
@@ -522,29 +530,16 @@ def create_file(
     try:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o640)
     except OSError as exc:
-        raise QueueFileError(str(path), f"cannot create: {exc.strerror}") from exc
+        raise creation_error(path, HEADER_SIZE + capacity, MAP_CREATE, exc.errno) from exc
     try:
         try:
             os.posix_fallocate(fd, 0, HEADER_SIZE + capacity)
         except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise DiskFullError(
-                    str(path),
-                    f"cannot reserve {HEADER_SIZE + capacity} bytes: no space left on device",
-                ) from exc
-            raise QueueFileError(
-                str(path), f"cannot reserve {HEADER_SIZE + capacity} bytes: {exc.strerror}"
-            ) from exc
-        static = _STATIC.pack(MAGIC, FORMAT_VERSION, HEADER_SIZE, capacity)
-        header = bytearray(HEADER_SIZE)
-        header[0 : len(static)] = static
-        _U32.pack_into(header, _STATIC_CRC_OFFSET, crc32c(static))
-        slot = _SLOT.pack(1, 0, head_seq, 0, dropped, skipped)
-        header[_SLOT_OFFSETS[1] : _SLOT_OFFSETS[1] + len(slot)] = slot
-        _U32.pack_into(header, _SLOT_OFFSETS[1] + _SLOT_CRC_OFFSET, crc32c(slot))
-        os.pwrite(fd, bytes(header), 0)
+            raise creation_error(path, HEADER_SIZE + capacity, MAP_RESERVE, exc.errno) from exc
+        os.pwrite(fd, ring_header(capacity, head_seq, dropped, skipped), 0)
         if sync:
             os.fsync(fd)
+        allocated = os.fstat(fd).st_blocks * 512
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
@@ -553,6 +548,33 @@ def create_file(
     os.replace(tmp, path)
     if sync:
         fsync_directory(path.parent)
+    return int(allocated)
+
+
+def ring_header(capacity: int, head_seq: int = 0, dropped: int = 0, skipped: int = 0) -> bytes:
+    """The header page of a new ring file: the static header, and slot B holding the
+    position (slot A all zeros fails its checksum, so slot B is read)."""
+    static = _STATIC.pack(MAGIC, FORMAT_VERSION, HEADER_SIZE, capacity)
+    header = bytearray(HEADER_SIZE)
+    header[0 : len(static)] = static
+    _U32.pack_into(header, _STATIC_CRC_OFFSET, crc32c(static))
+    slot = _SLOT.pack(1, 0, head_seq, 0, dropped, skipped)
+    header[_SLOT_OFFSETS[1] : _SLOT_OFFSETS[1] + len(slot)] = slot
+    _U32.pack_into(header, _SLOT_OFFSETS[1] + _SLOT_CRC_OFFSET, crc32c(slot))
+    return bytes(header)
+
+
+def creation_error(path: Path, size: int, step: int, error: int | None) -> QueueFileError:
+    """What callers see when creating a queue file failed at `step` (MAP_CREATE,
+    MAP_RESERVE, MAP_MAP) with errno `error`: a full disk is a DiskFullError."""
+    reason = os.strerror(error) if error else "unknown error"
+    if step == MAP_CREATE:
+        return QueueFileError(str(path), f"cannot create: {reason}")
+    if step == MAP_RESERVE and error == errno.ENOSPC:
+        return DiskFullError(str(path), f"cannot reserve {size} bytes: no space left on device")
+    if step == MAP_RESERVE:
+        return QueueFileError(str(path), f"cannot reserve {size} bytes: {reason}")
+    return QueueFileError(str(path), f"cannot map {size} bytes: {reason}")
 
 
 def allocated_bytes(path: Path) -> int:

@@ -6,8 +6,8 @@ directory::
     <q>.queue        segment 0: a version-1 queue is this one file
     <q>.<n>.queue    segment n > 0; numbers only grow, the oldest segment is the lowest
     <q>.spare.<k>    segments kept ahead of need while the queue has a backlog: made in
-                     the background, or acknowledged segments recycled; not part of the
-                     chain (deleted when found at open)
+                     the background (create_spare_ring), or acknowledged segments
+                     recycled; not part of the chain (deleted when found at open)
 """
 
 from __future__ import annotations
@@ -16,7 +16,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from eventspool.spool.ring import HEADER_SIZE, RingQueue
+from eventspool._core.native import MappedFile
+from eventspool.clock import Clock
+from eventspool.config import QueueSettings
+from eventspool.spool.ring import (
+    HEADER_SIZE,
+    RingQueue,
+    SyncObserver,
+    creation_error,
+    ring_header,
+    segment_capacity,
+)
 
 SUFFIX = ".queue"
 SPARE_SUFFIX = ".spare"
@@ -75,3 +85,43 @@ def never_written(path: Path) -> bool:
     """Whether the file's header is all zeros: a spare renamed before it reached the disk."""
     with path.open("rb") as handle:
         return not any(handle.read(HEADER_SIZE))
+
+
+def create_spare_ring(
+    path: Path,
+    settings: QueueSettings,
+    *,
+    max_payload: int,
+    clock: Clock,
+    on_fsync: SyncObserver | None,
+) -> tuple[RingQueue, int]:
+    """A new, empty ring at the spare name `path`, every page already touched, and the
+    bytes it takes on disk. The file is created, reserved and mapped in one call that
+    lets go of the interpreter lock once (MappedFile), for the thread that makes spares
+    ahead of a writer holding that lock (spares.py). Nothing is synced, and a process
+    killed meanwhile leaves a partial file, which the next open removes as any spare.
+
+    Raises DiskFullError or QueueFileError as ring.create_file does.
+    """
+    capacity = segment_capacity(settings)
+    mapping = MappedFile()
+    step, error = mapping.create(os.fsencode(path), ring_header(capacity), HEADER_SIZE + capacity)
+    if step:
+        raise creation_error(path, HEADER_SIZE + capacity, step, error)
+    try:
+        ring = RingQueue(
+            path,
+            mapping.fd,
+            settings,
+            clock,
+            max_payload,
+            writable=True,
+            on_fsync=on_fsync,
+            mapping=mapping,
+        )
+    except BaseException:
+        mapping.close()
+        os.close(mapping.fd)
+        path.unlink(missing_ok=True)
+        raise
+    return ring, mapping.allocated

@@ -14,11 +14,12 @@ Crash safety, step by step:
 
 - chaining: seal (memory only), then either create `<q>.<n>.queue.tmp`, fallocate, write
   its header, rename (with an fsync of each for `fsync` queues); or, while a backlog
-  lasts, take a spare: a segment a background thread created the same way (every page
-  touched, nothing synced) or one the sender emptied and that was recycled instead of
-  deleted. Its header is rewritten through its mapping to start at the sealed
-  segment's end, and it is renamed (the directory fsynced for `fsync` queues, whose
-  appends' fdatasync then also writes back the header). Creating a segment costs
+  lasts, take a spare: a segment a background thread created under a spare name,
+  fallocated with its header (every page touched, nothing synced), or one the sender
+  emptied and that was recycled instead of deleted. Its header is rewritten through its
+  mapping to start at the sealed segment's end, and it is renamed (the directory
+  fsynced for `fsync` queues, whose appends' fdatasync then also writes back the
+  header). Creating a segment costs
   several ms of syncs on a busy disk and a page fault per 4 KiB when first written,
   about as long as filling a 4 MiB segment: spares take both off the writer's path.
   Before the rename nothing changed (a `.tmp` or spare is removed at the next open);
@@ -69,7 +70,13 @@ from eventspool.spool.ring import (
     frame_size,
     segment_capacity,
 )
-from eventspool.spool.segment_files import Segment, find_segments, never_written, segment_path
+from eventspool.spool.segment_files import (
+    Segment,
+    create_spare_ring,
+    find_segments,
+    never_written,
+    segment_path,
+)
 from eventspool.spool.spares import Background, Spares
 
 # What RingCore.read_for_kafka gives: (sequence, key, value, create ms, headers or None).
@@ -153,7 +160,7 @@ class SegmentedQueue:
             segment_capacity=self._segment_capacity,
             fsync=settings.durability is Durability.FSYNC,
             lock=self._lock,
-            open_ring=self._open_ring,
+            create_ring=self._create_spare_ring,
             delete=self._delete,
         )
         self._segments: list[Segment] = []
@@ -216,6 +223,15 @@ class SegmentedQueue:
             max_payload=self._max_payload,
             clock=self._clock,
             create=False,
+            on_fsync=self._on_fsync,
+        )
+
+    def _create_spare_ring(self, path: Path) -> tuple[RingQueue, int]:
+        return create_spare_ring(
+            path,
+            self._ring_settings,
+            max_payload=self._max_payload,
+            clock=self._clock,
             on_fsync=self._on_fsync,
         )
 
@@ -293,13 +309,13 @@ class SegmentedQueue:
         """Make a frame of `size` bytes fit after `full` refused it: chain a new segment,
         or apply the full-queue policy. Returns the `block` deadline to pass again."""
         with self._lock:
-            if self._closed:
-                raise SpoolClosedError(f"queue {self.path} is closed")
-            writer = self.writer
-            if writer is not full or writer.core.fits(size) or writer.core.drop_oldest:
+            if not self._still_full(full, size):
                 return deadline  # chained or freed meanwhile: try again
+            if self._may_grow() and self._spares.await_one() and not self._still_full(full, size):
+                return deadline
             if self._grow():
                 return deadline
+            writer = self.writer
             policy = self.settings.full_policy
             if policy is FullPolicy.DROP_OLDEST:
                 if len(self._segments) > 1:
@@ -317,9 +333,21 @@ class SegmentedQueue:
             self._room.wait(deadline - now)
             return deadline
 
+    def _still_full(self, full: RingQueue, size: int) -> bool:
+        """Whether `full` is still the write segment, with no room for `size` bytes; call
+        with the lock held. Raises SpoolClosedError once the queue is closed."""
+        if self._closed:
+            raise SpoolClosedError(f"queue {self.path} is closed")
+        writer = self.writer
+        return writer is full and not writer.core.fits(size) and not writer.core.drop_oldest
+
+    def _may_grow(self) -> bool:
+        """Whether the queue's maximum leaves room for one more segment."""
+        return not self._single and self.capacity + self._segment_capacity <= self._max_capacity
+
     def _grow(self) -> bool:
         """Chain a new write segment, if the queue's maximum and the budget allow it."""
-        if self._single or self.capacity + self._segment_capacity > self._max_capacity:
+        if not self._may_grow():
             return False
         number = self._segments[-1].number + 1
         path = segment_path(self.directory, self.name, number)

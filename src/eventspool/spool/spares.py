@@ -7,6 +7,13 @@ touched and nothing synced, and segments the sender emptied are kept instead of
 deleted. A chaining queue takes one, restarts it at its sequence and renames it into
 the chain. A spare's name (`<q>.spare.<k>`) is not part of the chain: a crash leaves
 one that the next open removes.
+
+The writer holds the interpreter lock while it appends, so a thread that lets go of it
+waits up to a switch interval to have it back. A spare is therefore created, reserved,
+mapped and touched in one compiled call that lets go of the lock once
+(segment_files.create_spare_ring): made in Python steps, each syscall such a wait, spares came
+later than the writer needed them, and it made its next segments itself. For the same
+reason the renames done under the queue's lock keep the interpreter lock.
 """
 
 from __future__ import annotations
@@ -18,15 +25,20 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from eventspool._core.native import RingCore
+from eventspool._core.native import RingCore, rename_holding_gil
 from eventspool.errors import QueueFileError
 from eventspool.spool.budget import SegmentSpace
-from eventspool.spool.ring import HEADER_SIZE, RingQueue, create_file, fsync_directory
+from eventspool.spool.ring import HEADER_SIZE, RingQueue, fsync_directory
 from eventspool.spool.segment_files import SPARE_SUFFIX, Segment
 
-# Spares a queue with a backlog keeps ready: two, as one creation can take longer than
-# the writer takes to fill a segment.
-SPARES_AHEAD = 2
+# Spares a queue with a backlog keeps ready: four, as a creation can take longer than
+# the writer takes to fill a segment (each time the making thread needs the interpreter
+# lock back, it may wait a switch interval), and a backlog may grow faster than the
+# sender empties segments to recycle. In bench/enqueue.py's crossing lane the writer
+# found none ready at 17% of its chains with three, 10-12% with four.
+SPARES_AHEAD = 4
+# How long a writer that found no spare waits for one being made before it makes its own.
+SPARE_WAIT_S = 0.05
 # Runs a job on another thread (an executor's `submit`): where spare segments are made.
 Background = Callable[[Callable[[], None]], object]
 
@@ -48,7 +60,7 @@ class Spares:
         segment_capacity: int,
         fsync: bool,
         lock: threading.Lock,
-        open_ring: Callable[[Path], RingQueue],
+        create_ring: Callable[[Path], tuple[RingQueue, int]],
         delete: Callable[[Segment], None],
     ) -> None:
         self.ready: list[Segment] = []
@@ -62,7 +74,9 @@ class Spares:
         self._segment_capacity = segment_capacity
         self._fsync = fsync
         self._lock = lock
-        self._open_ring = open_ring
+        # Told when a spare is offered, or a making of one ended without it.
+        self._arrived = threading.Condition(lock)
+        self._create_ring = create_ring
         self._delete = delete
 
     def take(self, path: Path, start: int, writer: RingCore) -> Segment | None:
@@ -72,11 +86,22 @@ class Spares:
         spare = self.ready.pop(0)
         spare.ring.core.restart(start, writer.dropped, writer.skipped)
         spare.ring.core.sealed = spare.ring.core.drop_oldest = False  # a recycled segment
-        os.replace(spare.ring.path, path)
-        spare.ring.path = path
+        _rename(spare, path)
         if self._fsync:
             fsync_directory(path.parent)
         return spare
+
+    def await_one(self) -> bool:
+        """When no spare is ready but one is being made, wait for it, the queue's lock let
+        go (at most SPARE_WAIT_S); whether it waited, so the queue may have changed.
+
+        The spare being made comes sooner than the writer could make its own, which would
+        also hold the queue's lock meanwhile and leave the one being made unwanted.
+        """
+        if self.ready or not self._coming:
+            return False
+        self._arrived.wait(SPARE_WAIT_S)
+        return True
 
     def want(self, room_for: Callable[[int], bool], needed: Callable[[], bool]) -> None:
         """Have segments made in the background, ahead of need, while a backlog grows.
@@ -96,33 +121,45 @@ class Spares:
         return self._directory / f"{self._name}{SPARE_SUFFIX}.{self._names}"
 
     def _make(self, path: Path, needed: Callable[[], bool]) -> None:
-        """Create, open and prefault a spare (on the background thread), then offer it.
+        """Make a spare (on the background thread), then offer it.
 
         Its name is not part of the chain: a crash leaves a spare that the next open
-        removes. Nothing is synced (see segments.py).
+        removes. Nothing is synced (see segments.py). None is made when recycled
+        segments filled the spares meanwhile: making one costs a page fault per 4 KiB,
+        and deleting it again as much, on a core the writer may need. One not wanted
+        any more once made is deleted outside the queue's lock: unmapping and unlinking
+        take milliseconds that a writer waiting to chain would otherwise wait too.
         """
+        with self._lock:
+            if not needed() or len(self.ready) >= SPARES_AHEAD:
+                self._coming -= 1
+                self._arrived.notify_all()
+                return
+        made: list[RingQueue] = []
+
+        def create() -> int:
+            ring, allocated = self._create_ring(path)
+            made.append(ring)
+            return allocated
+
         spare = None
         try:
-            allocated = self._space.grow(
-                path,
-                HEADER_SIZE + self._segment_capacity,
-                lambda: create_file(path, self._segment_capacity, sync=False),
-            )
+            allocated = self._space.grow(path, HEADER_SIZE + self._segment_capacity, create)
             if allocated is not None:
-                spare = Segment(-1, self._open_ring(path), allocated)
-                spare.ring.core.prefault()
+                spare = Segment(-1, made[0], allocated)
         except QueueFileError as exc:  # a full disk: the writer meets it, in its own words
             log.info("no spare segment for %s: %s", self._where, exc)
         except Exception:
             log.exception("making a spare segment for %s failed", self._where)
         with self._lock:
             self._coming -= 1
+            self._arrived.notify_all()
             if spare is None:
                 return
-            if not needed() or len(self.ready) >= SPARES_AHEAD:
-                self._delete(spare)  # not needed any more, or recycled segments came first
-            else:
+            if needed() and len(self.ready) < SPARES_AHEAD:
                 self.ready.append(spare)
+                return
+        self._delete(spare)  # not needed any more, or recycled segments came first
 
     def recycle(self, emptied: Segment) -> bool:
         """Keep a segment the sender emptied as a spare, if spares are wanted; whether it
@@ -133,13 +170,24 @@ class Spares:
             or emptied.ring.capacity != self._segment_capacity
         ):
             return False
-        path = self._path()
-        os.replace(emptied.ring.path, path)
-        emptied.ring.path = path
+        _rename(emptied, self._path())
         self.ready.append(emptied)
+        self._arrived.notify_all()
         return True
 
     def drop(self) -> None:
         """Delete the spares: the backlog is gone, or the queue closed."""
+        self._arrived.notify_all()
         while self.ready:
             self._delete(self.ready.pop())
+
+
+def _rename(segment: Segment, path: Path) -> None:
+    """Rename a segment's file, keeping the interpreter lock: both callers hold the queue's
+    lock, and the writer waits for it (rename_holding_gil says why)."""
+    error = rename_holding_gil(os.fsencode(segment.ring.path), os.fsencode(path))
+    if error:
+        raise QueueFileError(
+            str(path), f"cannot rename {segment.ring.path.name} to it: {os.strerror(error)}"
+        )
+    segment.ring.path = path
