@@ -429,7 +429,7 @@ def run(args: BenchArgs) -> dict[str, object]:
         pki = Pki(scratch / "pki")
         bootstrap = session.broker().bootstrap_servers
         create_topic(bootstrap, TOPIC, PARTITIONS)
-        echo = stack.enter_context(EchoServer(scratch / "echo"))
+        echo = stack.enter_context(contextlib.closing(EchoServer(scratch / "echo")))
 
         def started(name: str, toml: str) -> AgentProcess:
             agent = start_agent(scratch / name, bootstrap, toml)

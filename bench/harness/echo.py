@@ -12,8 +12,6 @@ import shutil
 import socket
 import subprocess
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 SOURCE = Path(__file__).with_name("echo_server.c")
 COMPILER = "cc"
@@ -54,17 +52,6 @@ class EchoServer:
         self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def connected(path: str | Path) -> socket.socket:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from harness.echo import EchoServer, connected, have_compiler, round_trip
 
 @pytest.mark.skipif(not have_compiler(), reason="no C compiler (cc)")
 def test_the_echo_server_builds_and_answers_a_round_trip(tmp_path: Path) -> None:
-    with EchoServer(tmp_path) as server, connected(server.socket_path) as sock:
+    with closing(EchoServer(tmp_path)) as server, connected(server.socket_path) as sock:
         round_trip(sock, b"x" * 100)
         sock.sendall(b"ping")
         assert sock.recv(16) == b"ping"
