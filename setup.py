@@ -9,7 +9,7 @@ import os
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-# -O2, unless CFLAGS names a level of its own: the sanitizer build asks for -O1.
+# -O2, unless CFLAGS names a level of its own, as the sanitizer test's build does.
 LEVEL_GIVEN = any(flag.startswith("-O") for flag in os.environ.get("CFLAGS", "").split())
 OPTIMISATION = [] if LEVEL_GIVEN else ["-O2"]
 
