@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The suite waits on brokers, Spark and child processes far more than it computes (a
+# load average under 1 with two workers), so it runs more workers than two cores.
+TEST_WORKERS ?= 4
 
 .PHONY: run test lint unit slow bench report report-check clean java rsyslog postgres
 
@@ -44,7 +47,7 @@ run: $(STAMP) java postgres
 	$(BIN)/python -m eventspool.demo
 
 test: $(STAMP) java rsyslog postgres lint
-	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
@@ -55,10 +58,10 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 slow: $(STAMP) java rsyslog postgres
-	$(BIN)/python -m pytest -n 2 -m slow $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m slow $(PYTEST_ARGS)
 
 # bench/report.py runs the benches itself, so it is not one of them.
 BENCH_SCRIPTS := $(filter-out bench/report.py,$(wildcard bench/[!_]*.py))
