@@ -7,6 +7,7 @@ whose close() blocks stands for such a call here; the workers are real processes
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -76,3 +77,21 @@ def test_a_stop_that_ends_in_time_returns_the_status() -> None:
     threading.Timer(1.0, CloseNeverAnswers.release.set).start()
     status = consumer.stop(timeout=20)
     assert status.state == "stopped"
+
+
+def test_the_signal_handler_takes_no_lock_so_a_second_signal_cannot_deadlock() -> None:
+    """A signal handler runs between two bytecodes of the main thread, which may then
+    hold the lock of the Event the handler would set: `timeout` sends SIGTERM twice, and
+    the second, landing inside the first one's Event.set(), deadlocked `eventspool
+    consume`. Here the handler runs with that lock held by its own thread, as it did."""
+    consumer = _consumer()
+    returned = threading.Event()
+
+    def signalled_inside_event_set() -> None:
+        # The lock Event.set() takes (private to threading.Event).
+        with consumer._stop_requested._cond:  # type: ignore[attr-defined]
+            consumer._on_signal(signal.SIGTERM, None)
+        returned.set()
+
+    threading.Thread(target=signalled_inside_event_set, daemon=True).start()
+    assert returned.wait(5), "the signal handler waited for a lock its own thread held"

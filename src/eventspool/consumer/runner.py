@@ -138,6 +138,7 @@ class Consumer:
         self._stopped = threading.Event()
         self._lag_wakeup = threading.Event()
         self._failure: BaseException | None = None
+        self._signalled: int | None = None
         self._kafka: KafkaConsumerHandle | None = None
         self._pool: WorkerPool | None = None
         self._threads: list[threading.Thread] = []
@@ -263,15 +264,22 @@ class Consumer:
         try:
             self.start()
             while not (self._stopped.wait(0.5) or self._stop_requested.is_set()):
-                pass
+                if self._signalled is not None:
+                    log.info("signal %d: stopping consumer group %s", self._signalled, self.group)
+                    self.request_stop()
             return self.join(self._stop_bound_s())
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping consumer group %s", signum, self.group)
-        self.request_stop()
+        """Only notes the signal, for run()'s loop to act on within half a second.
+
+        A handler runs between two bytecodes of the main thread, which may then hold the
+        lock of the very Event it would set: a second SIGTERM (`timeout` sends two) or a
+        second Ctrl-C deadlocked the process in Event.set(). Logging takes locks too.
+        """
+        self._signalled = signum
 
     def __enter__(self) -> Self:
         self.start()
