@@ -1,9 +1,8 @@
 """The report's PNG plots, drawn on matplotlib figures of their own (no pyplot state).
 
-Each plot uses constrained layout, which moves the axes until titles, labels, tick labels
-and the numbers beside bars lie inside the figure; long labels are wrapped first, since no
-layout can fit a line wider than the figure. Each function returns the figure it saved,
-so that a test can measure what was drawn.
+Constrained layout keeps every text inside the figure; long labels are wrapped first,
+since no layout fits a line wider than the figure. Each function returns the figure it
+saved, so that a test can measure what was drawn.
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ from typing import Any
 from matplotlib import ticker
 from matplotlib.figure import Figure as Plot
 
-from _report_page import format_number
 from harness.figures import Figure
+from harness.output import format_number
 
 OURS_COLOUR = "#1f77b4"
 ANCHOR_COLOUR = "#a0a0a0"
@@ -27,11 +26,6 @@ AHEAD_COLOUR = "#2ca02c"
 BEHIND_COLOUR = "#d62728"
 FAULT_COLOURS = ("#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 _DPI = 110
-# Characters per line of a bar's label in the ratio overview, and of a y-axis label.
-_RATIO_LABEL_WIDTH = 60
-_UNIT_LABEL_WIDTH = 40
-# Room beyond the longest bar for its number, as a fraction of the (log) axis span.
-_RATIO_MARGIN = 0.12
 # No timestamp or version in the files, so that regenerating unchanged data changes nothing.
 _PNG_METADATA = {"Software": None}
 
@@ -47,7 +41,7 @@ def ratio_overview(figures: Sequence[Figure], path: Path) -> Plot:
         _wrap(
             f"{figure.script}: {figure.title}"
             + (f" (vs {figure.anchor_is})" if repeated[(figure.script, figure.title)] > 1 else ""),
-            _RATIO_LABEL_WIDTH,
+            60,
         )
         for figure in shown
     ]
@@ -58,7 +52,7 @@ def ratio_overview(figures: Sequence[Figure], path: Path) -> Plot:
     axes.set_yticks(list(positions), labels, fontsize=8)
     axes.invert_yaxis()
     axes.set_xscale("log")
-    axes.margins(x=_RATIO_MARGIN)
+    axes.margins(x=0.12)  # room for the number beyond the longest bar
     axes.axvline(1.0, color="black", linewidth=1)
     for position, ratio in zip(positions, ratios, strict=True):
         axes.annotate(
@@ -92,7 +86,7 @@ def ours_against_anchor(figures: Sequence[Figure], title: str, path: Path) -> Pl
         axes.bar_label(bars, labels=[format_number(value) for value in values], fontsize=8)
         axes.set_title(_wrap(figure.title, 34), fontsize=9)
         better = "higher" if figure.higher_is_better else "lower"
-        axes.set_ylabel(_wrap(f"{figure.unit} ({better} is better)", _UNIT_LABEL_WIDTH), fontsize=8)
+        axes.set_ylabel(_wrap(f"{figure.unit} ({better} is better)", 40), fontsize=8)
         axes.tick_params(labelsize=7)
         axes.margins(y=0.15)
     plot.suptitle(title, fontsize=11)
@@ -135,7 +129,7 @@ def soak_timeline(result: Mapping[str, Any], path: Path) -> Plot:
 
 
 def _plot(size: tuple[float, float]) -> Plot:
-    """A figure at the PNG's own resolution, so what is measured on it is what is saved."""
+    """At the PNG's own resolution, so what is measured on it is what is saved."""
     return Plot(figsize=size, dpi=_DPI, layout="constrained")
 
 

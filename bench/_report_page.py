@@ -1,6 +1,6 @@
 """docs/benchmarks.md from the stored bench results: tables, plots and how they were made.
 
-Pure text: the caller draws the plots (see `_plots`) under the names `plot_names` gives.
+Pure text: the caller draws the plots (see `_plots`) under the names given here.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.figures import Figure, figures_of
+from harness.output import format_number
 
 IMAGE_DIR = "img"
 RATIO_PLOT = "ratios.png"
@@ -132,11 +133,9 @@ def _provenance(run: Mapping[str, Any]) -> str:
 
 
 def _figure_table(figures: Iterable[Figure], *, with_script: bool) -> list[str]:
-    header = ["Figure", "Anchor", "eventspool", "anchor", "Ratio", "Unit"]
-    alignments = ["---", "---", "--:", "--:", "--:", "---"]
-    if with_script:
-        header.insert(0, "Bench")
-        alignments.insert(0, "---")
+    bench = ["Bench"] if with_script else []
+    header = [*bench, "Figure", "Anchor", "eventspool", "anchor", "Ratio", "Unit"]
+    alignments = ["---"] * len(bench) + ["---", "---", "--:", "--:", "--:", "---"]
     rows = ["| " + " | ".join(header) + " |", "|" + "|".join(alignments) + "|"]
     for figure in figures:
         cells = [
@@ -176,26 +175,11 @@ def _bullets(value: Any, indent: int) -> list[str]:
 
 
 def _inline(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return f"`{json.dumps(value, separators=(', ', ': '))}`"
-
-
-def format_number(value: float) -> str:
-    """Thousands separators for large numbers, three significant digits for small ones."""
-    if isinstance(value, bool):
-        return str(value)
-    if value == 0:
-        return "0"
-    if abs(value) >= 1000 or float(value).is_integer():
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
+    return value if isinstance(value, str) else f"`{json.dumps(value, separators=(', ', ': '))}`"
 
 
 def _minutes(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _soak_note(store: Mapping[str, Any]) -> str:

@@ -1,31 +1,23 @@
 """Consumer throughput: eventspool's Consumer against a bare confluent-kafka consume loop.
 
-(a) No-op handler. One topic (4 partitions) holds N events of 100 bytes, keyed by
-    cycling over 10k users, each with an `event_id` header; each run reads all of them
-    with a fresh consumer group.
-    * ours: `Consumer(workers=2)` with the default settings (ordering by key, 200 events
-      per worker batch, 10,000 buffered) and a handler that does nothing. Rate = events
-      processed between the first status snapshot that shows a received event and the one
-      that shows all N processed, over the time between them (the poll thread stamps each
-      snapshot), so the slow group join on the embedded broker is left out on both sides.
-      Also reported: the CPU of the consumer's own process (its poll thread and
-      librdkafka's threads) per event between the same snapshots, a steadier figure.
-    * the anchor: a `confluent_kafka.Consumer` with the same group settings, subscribed,
-      calling the same no-op function on each message of `consume(1000, 0.1)`, auto-commit
-      on (the loop most users write); rate = N / (first message to last). It gets
-      `fetch.queue.backoff.ms=100`, as `Consumer` sets by default: with librdkafka's own
-      1 s, a loop that drains the 100,000-event queue faster than that stops fetching for
-      the rest of the second, and the anchor's rate moved by a factor of four by chance.
-(b) CPU-bound handler: each event burns 1 ms of CPU (`time.thread_time`), M events,
-    `Consumer` with 1 and then 2 workers, rate as in (a); the anchor is the 1-worker rate.
-    The machine's two cores are shared with the poll thread, librdkafka and the broker.
-(c) I/O-bound handler: `async def`, awaiting 10 ms (`asyncio.sleep`) per event, K
-    events, `Consumer` with 2 workers and concurrency 100 per worker, rate as in (a). The
-    anchor is the ideal: workers x concurrency / 10 ms = 20,000 events/s. It runs on a
-    broker of its own, started after (a) and (b): the embedded broker's fetches slow down
-    as it holds more data, which would hold (a)'s anchor back.
-
-Runs alternate between ours and the anchor.
+(a) No-op handler. A topic of 4 partitions holds N events of 100 bytes, keyed by cycling
+    over 10k users, each with an `event_id` header; each run reads them all in a fresh
+    consumer group, ours and the anchor alternating.
+    * ours: `Consumer(workers=2)` on its defaults. Rate = events processed between the
+      first status snapshot showing a received event and the one showing all N
+      processed, over the time between them (stamped by the poll thread): the slow group
+      join on the embedded broker is left out. Also reported: the CPU of the consumer's
+      own process (poll thread and librdkafka) per event between the same snapshots.
+    * the anchor: a `confluent_kafka.Consumer`, same group settings, auto-commit, calling
+      the same no-op on each message of `consume(1000, 0.1)`; rate = N / (first message
+      to last). It gets `fetch.queue.backoff.ms=100`, as `Consumer` does: with
+      librdkafka's 1 s its rate moved by a factor of four by chance.
+(b) A handler burning 1 ms of CPU per event, M events: `Consumer` with 2 workers against
+    1 worker, rate as in (a), on two shared cores.
+(c) An `async def` handler awaiting 10 ms per event, K events, `Consumer` with 2 workers
+    of concurrency 100, rate as in (a), against the ideal workers x concurrency / 10 ms.
+    On a broker of its own, started after (a) and (b): a broker's fetches slow down as
+    it holds more data.
 """
 
 from __future__ import annotations
@@ -34,7 +26,6 @@ import asyncio
 import sys
 import time
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import Consumer as KafkaConsumer
@@ -62,18 +53,17 @@ TIMEOUT_S = 300.0
 
 
 def noop(_record: object) -> None:
-    """The no-op handler of figure (a), for both sides."""
+    """The handler of (a), for both sides."""
 
 
 def burn_1ms(_record: Record) -> None:
-    """Figure (b): 1 ms of CPU, whatever else the machine does."""
+    """1 ms of CPU, whatever else the machine does."""
     end = time.thread_time() + 0.001
     while time.thread_time() < end:
         pass
 
 
 async def await_10ms(_record: Record) -> None:
-    """Figure (c): an I/O-bound handler, 10 ms of waiting and no CPU to speak of."""
     await asyncio.sleep(IO_WAIT_S)
 
 
@@ -96,8 +86,7 @@ def fill_topic(bootstrap: str, topic: str, count: int) -> None:
 def ours(
     bootstrap: str, topic: str, count: int, handler: Any, workers: int, **settings: Any
 ) -> tuple[float, float]:
-    """Events per second through Consumer, from status snapshots (see the module doc),
-    and the CPU of this process per event in microseconds."""
+    """Events/s from status snapshots (see the module doc), and this process's CPU us/event."""
     consumer = Consumer(
         f"bench-ours-{uuid.uuid4().hex[:8]}",
         [topic],
@@ -179,8 +168,7 @@ def run(args: BenchArgs) -> dict[str, object]:
                     rate, _ = ours(bootstrap, "cpu", cpu_events, burn_1ms, workers)
                     runs.add(f"cpu_{workers}", rate)
                     progress(f"(b) rep {rep + 1} {workers} workers: {rate:,.0f} events/s")
-        # A broker of its own: the embedded broker's fetches slow down with all it holds
-        # (the anchor of (a) read 861k events/s, then 203k once 60k more were in "io").
+        # See (c): (a)'s anchor read 861k events/s, then 203k once 60k more were in "io".
         with LocalBroker(session.scratch / "broker-io") as broker:
             bootstrap = broker.bootstrap_servers
             fill_topic(bootstrap, "io", io_events)
@@ -200,7 +188,6 @@ def run(args: BenchArgs) -> dict[str, object]:
         "unit": "events/s",
         "title": "Consumer, no-op handler, 2 worker processes",
         "anchor_is": "a bare confluent-kafka consume loop",
-        "anchor_kafka": ANCHOR_FETCH,
         "figures": [
             figure(
                 "consumer_cpu_1ms_2_workers",
@@ -220,32 +207,13 @@ def run(args: BenchArgs) -> dict[str, object]:
             ),
         ],
         "noop_parent_cpu_us_per_event": round(m["parent_cpu_us"], 2),
-        "cpu_1ms_events_per_s_1_worker": round(m["cpu_1"]),
-        "cpu_1ms_events_per_s_2_workers": round(m["cpu_2"]),
-        "cpu_scaling_2_vs_1": safe_ratio(m["cpu_2"], m["cpu_1"]),
-        "async_io_events_per_s": round(m["io"]),
-        "async_io_ideal_events_per_s": round(io_ideal),
-        "async_io_share_of_ideal": safe_ratio(m["io"], io_ideal),
         "goals": {"noop_ratio": 0.5, "async_io_share_of_ideal": 0.75},
-        "io_events": io_events,
-        "io_settings": {
-            "workers": IO_WORKERS,
-            "concurrency": IO_CONCURRENCY,
-            "max_buffered": ConsumerSettings().max_buffered,
-            "wait_s": IO_WAIT_S,
-        },
         "events": events,
         "cpu_events": cpu_events,
-        "value_bytes": len(VALUE),
-        "partitions": PARTITIONS,
-        "repeats": args.repeats,
+        "io_events": io_events,
         **session.provenance(),
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return bench_main("Consumer throughput against a bare confluent-kafka loop", run, argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench_main("Consumer throughput against a bare confluent-kafka loop", run))

@@ -6,10 +6,9 @@
     python bench/report.py --render-only    # redraw the page from docs/benchmarks.json
     python bench/report.py --check          # rerun; compare each ratio with the published one
 
-Each bench script runs as its own process, one after the other (never two at once: they
-would share the cores), and its last stdout line, one JSON object, is stored as is in
-docs/benchmarks.json; the page and the PNG plots in docs/img are drawn from that file.
-Not a benchmark itself, so `make bench` leaves it out.
+Each bench script runs as its own process, one at a time (they would share the cores);
+its last stdout line, one JSON object, is stored as is in docs/benchmarks.json, from which
+the page and its plots in docs/img are drawn. Not a benchmark: `make bench` leaves it out.
 """
 
 from __future__ import annotations
@@ -76,8 +75,8 @@ def script_args(script: str, *, quick: bool, soak_duration_s: int) -> list[str]:
 def run_script(script: str, args: Sequence[str], position: str) -> dict[str, Any]:
     """Run one bench script, its progress going to our stderr; its stored result."""
     command = [sys.executable, str(BENCH_DIR / f"{script}.py"), *args]
-    load_before = load_average_1m()
     progress(f"report {position}: bench/{script}.py {' '.join(args)}".rstrip())
+    load_before = load_average_1m()
     started = time.monotonic()
     finished = subprocess.run(
         command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True, check=False
@@ -86,12 +85,11 @@ def run_script(script: str, args: Sequence[str], position: str) -> dict[str, Any
     if finished.returncode != 0:
         raise SystemExit(
             f"bench/{script}.py failed with exit status {finished.returncode} after "
-            f"{elapsed:.0f} s; its output is above. The results of the scripts before it are "
-            f"kept in {STORE.name}: rerun the rest with --only."
+            f"{elapsed:.0f} s; the results before it are kept: rerun the rest with --only."
         )
     result = last_json_line(finished.stdout, script)
-    ratio = result.get("ratio")
-    progress(f"report {position}: {script} took {elapsed:.0f} s, {result['figure']} ratio {ratio}")
+    headline = f"{result['figure']} ratio {result['ratio']}"
+    progress(f"report {position}: {script} took {elapsed:.0f} s, {headline}")
     return {
         "script": script,
         "args": list(args),
@@ -117,8 +115,7 @@ def last_json_line(stdout: str, script: str) -> dict[str, Any]:
 
 
 def revision() -> str:
-    """The commit measured, marked "-dirty" when the measured code (anything but docs and
-    tests) had uncommitted changes."""
+    """The commit measured, "-dirty" if code other than docs and tests had changes."""
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -201,13 +198,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--only", default="", help="comma-separated bench names to rerun")
     mode("--render-only", action="store_true", help="redraw from the stored JSON")
     mode("--check", action="store_true", help="rerun as published, compare ratios; write nothing")
-    band = f"a fraction, default {DEFAULT_TOLERANCE}: within /1.25 .. x1.25"
-    add(
-        "--tolerance",
-        type=float,
-        default=DEFAULT_TOLERANCE,
-        help=f"--check: allowed ratio change either way ({band})",
-    )
+    add("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="--check: ratio change allowed")
     return parser.parse_args(argv)
 
 

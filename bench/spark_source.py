@@ -2,21 +2,19 @@
 consumer reading the same records in one process; and the source's Arrow path against
 its tuple path.
 
-Each figure is the median over the repetitions, after one uncounted warm-up read of each
-kind. The workload: N records of 100-byte values with a 9-byte key and an ``event_id``
-header (as the spool writes them), lz4, over 2 partitions of one topic on the embedded
-broker, started here on the same machine.
+The workload: N records of 100-byte values with a 9-byte key and an ``event_id`` header
+(as the spool writes them), lz4, over 2 partitions of one topic on the embedded broker.
+Each figure is the median over the repetitions, after one uncounted read of each kind.
 
-* ours: ``spark.read.format("eventspool-kafka")...load().count()`` on a local Spark with
-  two cores (``local[2]``), one task per partition. Rate = records / wall time of the
-  count, planning included.
-* the anchor: one ``confluent_kafka.Consumer`` in this process, assigned to every
-  partition from the beginning (no group join, as the source), calling
-  ``consume(10000)`` until it has seen every record. It prefetches as deep as the
-  source's consumers do (``queued.min.messages``), which doubles its rate here.
+* ours: ``spark.read.format("eventspool-kafka")...load().count()`` on a local Spark
+  (``local[2]``), one task per partition. Rate = records / wall time of the count,
+  planning included.
+* the anchor: one ``confluent_kafka.Consumer``, assigned to every partition from the
+  beginning (no group join, as the source), calling ``consume(10000)`` until it has seen
+  every record, prefetching as deep as the source's consumers (``queued.min.messages``).
   Rate = records / wall time from assign to the last record.
-* arrow vs tuple: the same count with the source's default Arrow record batches, and
-  with ``arrow=false``, where it yields tuples that Spark converts itself.
+* arrow vs tuple: the same count with the source's Arrow record batches (the default),
+  and with ``arrow=false``, where it yields tuples that Spark converts itself.
 """
 
 from __future__ import annotations
@@ -25,10 +23,11 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from pyspark.sql import SparkSession
 
 from eventspool.broker.local import create_topic
@@ -39,10 +38,9 @@ from eventspool.spark.source import FORMAT
 from harness.cli import BenchArgs, bench_main
 from harness.figures import figure
 from harness.output import progress
-from harness.runs import median, safe_ratio
+from harness.runs import Runs, safe_ratio
 from harness.session import Session
 
-FIGURE = "spark_source_read_rate"
 PARTITIONS = 2
 PAYLOAD_BYTES = 100
 FULL_RECORDS = 1_000_000
@@ -98,12 +96,7 @@ def read_anchor(bootstrap: str, topic: str, records: int) -> tuple[int, float]:
     seen = 0
     try:
         began = time.perf_counter()
-        consumer.assign(
-            [
-                confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
-                for p in range(PARTITIONS)
-            ]
-        )
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
         deadline = time.monotonic() + 300
         while seen < records and time.monotonic() < deadline:
             for message in consumer.consume(10_000, 0.5):
@@ -117,7 +110,7 @@ def read_anchor(bootstrap: str, topic: str, records: int) -> tuple[int, float]:
 
 def run(args: BenchArgs) -> dict[str, object]:
     records = QUICK_RECORDS if args.quick else FULL_RECORDS
-    rates: dict[str, list[float]] = {"ours": [], "anchor": [], "tuple": []}
+    runs = Runs()
     with Session(args, "spark") as session:
         bootstrap = session.broker().bootstrap_servers
         topic = f"bench-spark-{os.getpid()}"
@@ -138,16 +131,17 @@ def run(args: BenchArgs) -> dict[str, object]:
                     count, seconds = read()
                     if count != records:
                         raise RuntimeError(f"{kind} read {count} of {records} records")
-                    rates[kind].append(records / seconds)
+                    runs.add(kind, records / seconds)
                     progress(
                         f"rep {rep + 1}/{args.repeats} {kind:6}: "
                         f"{records / seconds:>10,.0f} records/s ({seconds:.2f} s)"
                     )
         finally:
             spark.stop()
-    ours, anchor, tuples = (median(rates[k]) for k in ("ours", "anchor", "tuple"))
+    m = runs.medians()
+    ours, anchor, tuples = m["ours"], m["anchor"], m["tuple"]
     return {
-        "figure": FIGURE,
+        "figure": "spark_source_read_rate",
         "ours": round(ours),
         "anchor": round(anchor),
         "ratio": safe_ratio(ours, anchor),
@@ -164,23 +158,12 @@ def run(args: BenchArgs) -> dict[str, object]:
                 anchor_is="the same source yielding tuples",
             ),
         ],
-        "arrow_vs_tuple": {
-            "arrow": round(ours),
-            "tuple": round(tuples),
-            "ratio": safe_ratio(ours, tuples),
-        },
         "records": records,
-        "payload_bytes": PAYLOAD_BYTES,
-        "partitions": PARTITIONS,
         "settings": {"spark_master": MASTER, "consumers": READ_DEFAULTS, "producer": FILL_CONFIG},
-        "runs": {kind: [round(v) for v in values] for kind, values in rates.items()},
+        "runs": {kind: [round(v) for v in values] for kind, values in runs.values.items()},
         **session.provenance(packages=("pyspark", "pyarrow", "confluent-kafka")),
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return bench_main("Spark source read rate vs a bare confluent-kafka consumer", run, argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench_main("Spark source read rate vs a bare confluent-kafka consumer", run))

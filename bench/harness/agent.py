@@ -11,9 +11,8 @@ START_TIMEOUT_S = 30.0
 
 
 def start_agent(directory: Path, bootstrap: str, extra: str = "") -> AgentProcess:
-    """`eventspool agent` in `directory` on its defaults (the spool's own max_event_bytes
-    too, not the test default), `extra` being more [agent] keys, then tables such as
-    [[access]]; returns once it answers. The caller stops it."""
+    """`eventspool agent` in `directory` on its defaults (max_event_bytes too, not the
+    test default) plus `extra` config; returns once it answers. The caller stops it."""
     directory.mkdir(parents=True, exist_ok=True)
     agent = AgentProcess(
         directory,

@@ -1,8 +1,6 @@
 """A bench's child process: a Python script run with arguments, its stderr kept in a file,
 stopped when asked (a "stop" line on its stdin, or SIGTERM) or SIGKILLed, and restarted.
-
-A SIGKILL is the fault the kill benches measure, so `kill` insists the child was still
-running when it came: a child that died before measures nothing.
+`kill` insists the child was still running: a child that died before measures nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +41,7 @@ class Child:
     def of_script(
         cls, name: str, script: str, args: Sequence[str], stderr_path: Path, *, piped: bool = False
     ) -> Child:
-        """`script` (a bench script's `__file__`) run as its own child: CHILD_COMMAND first."""
+        """`script` (a bench script's `__file__`) run as its own child."""
         argv = [os.fspath(Path(script).resolve()), CHILD_COMMAND, *args]
         return cls(name, argv, stderr_path, piped=piped)
 

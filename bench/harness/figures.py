@@ -1,16 +1,11 @@
 """The figure format of a bench result: declared once by the script, read back by the report.
 
-A bench script's result is one JSON object whose first keys are its headline figure
-("figure", "ours", "anchor", "ratio"); it may list further figures under "figures", each
-an object with the same four keys plus "unit", "higher_is_better" and optionally "title",
-"anchor_is", "tolerance" (how far a rerun may move this ratio, for a figure noisier than
-the default band) and "random_anchor" (true for a count the anchor reaches by chance,
-such as events lost where a random SIGKILL lands: a rerun must then give our own value
-again and keep the ratio on the same side of 1). The ratio is always oriented so that
-above 1 means eventspool is ahead. A script declares each figure with `figure` (the
-headline too: the result starts with its keys); the stderr table
-(`harness.output.print_figures`), docs/benchmarks.md and the check of a rerun are all
-drawn from those entries.
+A result is one JSON object whose first keys are its headline figure ("figure", "ours",
+"anchor", "ratio"); further figures are listed under "figures", each with the same four
+keys plus "unit", "higher_is_better" and optionally "title", "anchor_is", "tolerance" (a
+band wider than the default for a noisy figure) and "random_anchor" (a count the anchor
+reaches by chance, such as events lost where a random SIGKILL lands: a rerun must give
+our own value again, the ratio on the same side of 1). Above 1, eventspool is ahead.
 """
 
 from __future__ import annotations
@@ -34,9 +29,7 @@ def figure(
     anchor_is: str,
     higher_is_better: bool = True,
 ) -> dict[str, object]:
-    """One figure entry (the headline's keys, or one of "figures"); its ratio is above 1
-    when we are ahead: for a figure where lower is better (a latency, a cost) it is
-    anchor / ours."""
+    """One figure entry; where lower is better (a latency, a cost) the ratio is anchor/ours."""
     return {
         "figure": name,
         "ours": ours,
@@ -115,27 +108,21 @@ class Comparison:
 
     @property
     def within(self) -> bool:
-        """Whether the fresh ratio lies within the tolerance band around the published one.
-
-        The band is multiplicative (ratio x (1 + tolerance) and / (1 + tolerance)), so a
-        ratio of 0.5 and one of 2 are judged alike. The fresh run's script says which
-        figures are noisier than the band, or reached by chance (see the module docstring).
-        """
+        """Whether the fresh ratio lies in the (multiplicative) band around the published one."""
         if self.fresh is None:
             return False
+        published, fresh = self.published.ratio, self.fresh.ratio
         if self.fresh.random_anchor:
-            published, fresh = self.published.ratio, self.fresh.ratio
             same_side = (
                 published is not None and fresh is not None and (published > 1) == (fresh > 1)
             )
             return self.fresh.ours == self.published.ours and same_side
-        if self.published.ratio is None or self.fresh.ratio is None:
-            return self.published.ratio is None and self.fresh.ratio is None
+        if published is None or fresh is None:
+            return published is None and fresh is None
         change = self.change
         if change is None:
-            return self.fresh.ratio == self.published.ratio
-        band = self.band
-        return 1.0 / (1.0 + band) <= change <= 1.0 + band
+            return fresh == published
+        return 1.0 / (1.0 + self.band) <= change <= 1.0 + self.band
 
     @property
     def band(self) -> float:

@@ -2,19 +2,15 @@
 
 Each lane runs in its own `python -m harness.instructions LANE EVENTS [BOOTSTRAP]` under
 callgrind, which dumps its counters whenever `getppid` is entered. The lane calls
-`os.getppid()` right before and right after its measured loop, so the second dump holds
-the loop alone: interpreter start-up, imports and warm-up are left out, and the
-per-event figure is that dump's instruction count over the events. Every thread of the
-process is counted (librdkafka's included); valgrind runs them one at a time. Start-up
-under valgrind (about 10 s of CPU per lane), not the events counted, is most of a lane's
-time, so a quick run counts only a little fewer.
+`os.getppid()` right before and after its measured loop, so the second dump holds the
+loop alone (no start-up, imports or warm-up): its instruction count over the events is
+the figure. Every thread of the process is counted, librdkafka's included.
 
 Lanes: `send` (`Spool.send()` of keyless 100-byte values, durability process, 4
-partitions), `send_crossing` (`send` into one partition, whose 4 MiB segments fill and
-chain every ~26,000 events, no reader), `produce` (`Producer.produce()` of the same into
-librdkafka's memory, nothing sent), `e2e_spool` (send then flush to the broker's
-acknowledgement, keyed, 12 partitions) and `e2e_producer` (an idempotent producer doing
-the same, with a delivery callback per message, as bench/e2e.py's anchor).
+partitions), `send_crossing` (the same into one partition, whose 4 MiB segments fill and
+chain), `produce` (`Producer.produce()` of the same, nothing sent), `e2e_spool` (send,
+then flush to the broker's acknowledgement, keyed, 12 partitions) and `e2e_producer` (an
+idempotent producer doing the same with a delivery callback, as bench/e2e.py's anchor).
 """
 
 from __future__ import annotations
@@ -110,8 +106,7 @@ def _measured(loop: Callable[[], None]) -> None:
 
 
 def _calls(call: Send, events: int) -> None:
-    """Warm `call` up, then measure `events` keyless calls of it: the same loop for both
-    sides."""
+    """Warm `call` up, then measure `events` keyless calls: one loop for both sides."""
     for i in range(WARMUP_EVENTS):
         call("ipe", PAYLOAD, KEYS[i % 4])
     keys = [None] * events
@@ -123,15 +118,9 @@ def _calls(call: Send, events: int) -> None:
     _measured(loop)
 
 
-def _spool_lane(events: int) -> None:
+def _spool_lane(events: int, partitions: int) -> None:
     with tempfile.TemporaryDirectory() as directory, Spool(directory) as spool:
-        spool.set_partition_count("ipe", 4)
-        _calls(spool.send, events)
-
-
-def _crossing_lane(events: int) -> None:
-    with tempfile.TemporaryDirectory() as directory, Spool(directory) as spool:
-        spool.set_partition_count("ipe", 1)
+        spool.set_partition_count("ipe", partitions)
         _calls(spool.send, events)
 
 
@@ -203,8 +192,8 @@ def _e2e_producer_lane(events: int, bootstrap: str) -> None:
 
 
 _LANES: dict[str, Callable[[int, list[str]], None]] = {
-    "send": lambda events, _: _spool_lane(events),
-    "send_crossing": lambda events, _: _crossing_lane(events),
+    "send": lambda events, _: _spool_lane(events, 4),
+    "send_crossing": lambda events, _: _spool_lane(events, 1),
     "produce": lambda events, _: _producer_lane(events),
     "e2e_spool": lambda events, rest: _e2e_spool_lane(events, rest[0]),
     "e2e_producer": lambda events, rest: _e2e_producer_lane(events, rest[0]),
@@ -213,8 +202,6 @@ _LANES: dict[str, Callable[[int, list[str]], None]] = {
 
 def main(argv: Sequence[str]) -> int:
     lane, events, *rest = argv
-    if lane not in _LANES:
-        raise SystemExit(f"unknown lane {lane!r}")
     _LANES[lane](int(events), rest)
     return 0
 

@@ -1,10 +1,8 @@
 """What a SIGKILL took: the rules every kill bench scores its ledgers by.
 
 A killed process records each event it was told was acknowledged in a ledger file
-(`eventspool.testing.ledger`, which a SIGKILL cannot cut short); the parent reads the
-topics back and compares event ids (`eventspool.verify.ledger`). The figures built from
-that comparison are defined here once: one kill's `Tally`, the `summary` over kills, the
-share of losses charged to each kill (`losses_by_kill`), and the lost-events figure.
+(`eventspool.testing.ledger`); the parent reads the topics back and compares event ids
+(`eventspool.verify.ledger`). The figures built from that comparison are defined here.
 """
 
 from __future__ import annotations
@@ -19,12 +17,8 @@ from harness.runs import median
 
 
 def delivered_fraction(delivered: int, acknowledged: int) -> float:
-    """The share of acknowledged events found in Kafka.
-
-    Nothing acknowledged means nothing was lost: 1.0. A run that acknowledged nothing is
-    told apart by the count of acknowledged events reported beside the fraction, not by
-    the fraction.
-    """
+    """The share of acknowledged events found in Kafka; 1.0 when nothing was acknowledged
+    (the count reported beside it tells that run apart)."""
     return delivered / acknowledged if acknowledged else 1.0
 
 
@@ -56,8 +50,6 @@ def tally(
 
 def summary(tallies: Sequence[Tally]) -> dict[str, float | int]:
     """Medians over kills, plus the worst loss and the worst delivered fraction."""
-    if not tallies:
-        raise ValueError("no kills to summarise")
     return {
         "kills": len(tallies),
         "acknowledged": median(t.acknowledged for t in tallies),
@@ -72,8 +64,7 @@ def summary(tallies: Sequence[Tally]) -> dict[str, float | int]:
 
 @dataclass(frozen=True, slots=True)
 class KillLoss:
-    """The acknowledged events one kill took: how many, and how long before the kill the
-    oldest of them had been acknowledged to its caller."""
+    """The acknowledged events one kill took, and the age of the oldest at the kill."""
 
     lost: int
     window_ms: float
@@ -82,12 +73,8 @@ class KillLoss:
 def losses_by_kill(
     lost_acked_at: Iterable[float], kill_times: Sequence[float]
 ) -> tuple[list[KillLoss], int]:
-    """Each lost event is charged to the first kill after its acknowledgement, for a run
-    that kills one process several times.
-
-    Returns one entry per kill, and the count acknowledged after the last kill (no kill
-    explains those: the process lost them by itself, or the drain gave up too early).
-    """
+    """Each lost event charged to the first kill after its acknowledgement: one entry per
+    kill, and the count acknowledged after the last kill, which no kill explains."""
     lost: list[int] = [0] * len(kill_times)
     oldest: list[float] = [0.0] * len(kill_times)
     after_last = 0

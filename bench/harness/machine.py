@@ -8,24 +8,18 @@ from pathlib import Path
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                name, _, value = line.partition(":")
-                if name.strip() in ("model name", "Hardware", "cpu model"):
-                    return value.strip()
-    except OSError:
-        pass
+    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            name, _, value = line.partition(":")
+            if name.strip() in ("model name", "Hardware", "cpu model"):
+                return value.strip()
     return platform.processor() or platform.machine() or "unknown"
 
 
 def filesystem_type(path: Path) -> str:
     """The type of the file system holding `path` (ext4, xfs, tmpfs...), or "unknown"."""
-    try:
-        with open("/proc/mounts", encoding="utf-8") as handle:
-            mounts = [line.split()[1:3] for line in handle]
-    except OSError:
-        return "unknown"
+    with open("/proc/mounts", encoding="utf-8") as handle:
+        mounts = [line.split()[1:3] for line in handle]
     target = path.resolve()
     # The longest mount point holding `path`; of equal ones the last, which hides the others.
     holding = [
@@ -46,14 +40,10 @@ def load_average_1m() -> float | None:
 
 def machine() -> dict[str, object]:
     """What the numbers were measured on: CPU model, cores, memory, OS and Python."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count() or 0
     return {
         "cpu_model": _cpu_model(),
         "logical_cores": os.cpu_count(),
-        "usable_cores": usable,
+        "usable_cores": len(os.sched_getaffinity(0)),
         "memory_gib": round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30, 1),
         "os": f"{platform.system()} {platform.release()}",
         "arch": platform.machine(),

@@ -1,7 +1,5 @@
-"""What a bench script prints: progress and a table on stderr, one JSON line on stdout.
-
-The table is drawn from the result's figures (see `harness.figures`), so a figure is
-written once and read the same way by a person and by bench/report.py.
+"""What a bench script prints: progress and a table of its figures on stderr, one JSON
+line on stdout; and how numbers are written, there and on the report's page.
 """
 
 from __future__ import annotations
@@ -26,11 +24,6 @@ def progress(message: str) -> None:
     print(f"[{time.perf_counter() - _START:7.1f}s] {message}", file=sys.stderr, flush=True)
 
 
-def elapsed_s() -> float:
-    """Seconds since this module was imported (about when the script started)."""
-    return time.perf_counter() - _START
-
-
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """A plain text table: first column left-aligned, the others right-aligned."""
     cells = [[str(h) for h in headers], *[[_cell(v) for v in row] for row in rows]]
@@ -49,13 +42,18 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> st
 def _cell(value: object) -> str:
     if value is None:
         return "-"
-    if isinstance(value, float):
-        if value >= 1000:
-            return f"{value:,.0f}"
-        return f"{value:.3g}" if value < 10 else f"{value:.1f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
+    return format_number(value) if isinstance(value, int | float) else str(value)
+
+
+def format_number(value: float) -> str:
+    """Thousands separators for large numbers, three significant digits for small ones."""
+    if isinstance(value, bool):
+        return str(value)
+    if value == 0:
+        return "0"
+    if abs(value) >= 1000 or float(value).is_integer():
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
 
 
 def print_figures(result: Mapping[str, Any]) -> None:
@@ -74,9 +72,8 @@ def provenance(
     filesystem: str | None = None,
     versions: Mapping[str, object] | None = None,
 ) -> dict[str, object]:
-    """The keys a result ends with: versions, the file system, the load, the machine and
-    how long the run took; the 1-minute load average at the start of the measurements and
-    at their end (now, unless given)."""
+    """The keys a result ends with: versions, file system, the 1-minute load average at the
+    start and end (now, unless given) of the measurements, machine, run time."""
     return {
         "versions": {"eventspool": metadata.version("eventspool"), **(versions or {})},
         **({} if filesystem is None else {"filesystem": filesystem}),
@@ -87,16 +84,12 @@ def provenance(
         "repetitions": args.repeats,
         "quick": args.quick,
         "machine": machine(),
-        "elapsed_s": round(elapsed_s(), 1),
+        "elapsed_s": round(time.perf_counter() - _START, 1),
     }
 
 
 def emit_result(result: Mapping[str, object]) -> None:
-    """Print the result as one JSON line on stdout; call it last, exactly once.
-
-    `result` must start with "figure", "ours", "anchor" and "ratio" (ratio = ours /
-    anchor, above 1 when we are ahead).
-    """
+    """Print the result as one JSON line on stdout, last and once (see `harness.figures`)."""
     keys = list(result)
     if keys[:4] != ["figure", "ours", "anchor", "ratio"]:
         raise ValueError(f"result must start with figure, ours, anchor, ratio; got {keys[:4]}")

@@ -1,7 +1,5 @@
-"""The anchor's producer settings: what the sender gives its own `confluent_kafka.Producer`.
-
-An anchor that is a bare producer must be configured as ours is, or the comparison
-measures settings, not design.
+"""The anchor's producer settings: what the sender gives its own `confluent_kafka.Producer`,
+so that a comparison with a bare producer measures design, not settings.
 """
 
 from __future__ import annotations
@@ -14,14 +12,12 @@ from eventspool.sender.producer import producer_config
 
 
 def sender_producer_config(bootstrap: str) -> dict[str, object]:
-    """The settings the sender gives its own producer (eventspool.sender.producer), with
-    the SenderSettings defaults: what an anchor's bare `confluent_kafka.Producer` uses."""
+    """The sender's own producer settings, on the SenderSettings defaults."""
     return producer_config(bootstrap, SenderSettings(), SpoolSettings().max_event_bytes)
 
 
 def anchor_config(bootstrap: str, on_error: Callable[[Any], None]) -> dict[str, object]:
-    """The sender's producer settings plus murmur2_random, the Java-compatible partitioner
-    (keys land where the spool puts them), and an error callback."""
+    """The sender's producer settings, keys partitioned where the spool puts them."""
     return {
         **sender_producer_config(bootstrap),
         "partitioner": "murmur2_random",
@@ -30,8 +26,7 @@ def anchor_config(bootstrap: str, on_error: Callable[[Any], None]) -> dict[str, 
 
 
 def compared_settings() -> dict[str, object]:
-    """A result's settings of both sides, as data: the spool's queue defaults and the
-    anchor's producer config (the sender's own, so it states the sender's too)."""
+    """Both sides' settings for a result: the spool's queue defaults, the anchor's config."""
     queue = SpoolSettings().queue
     anchor = anchor_config("BOOTSTRAP", print)
     return {

@@ -1,8 +1,7 @@
 """Emptying a spool that has no sender, between timed passes and outside them.
 
-A bench that measures the application's side of `Spool.send()` (or of a handler on it)
-runs without a sender, so its rings would fill; each pass must fit in them, and they
-are read and acknowledged between passes, the count checked against what was sent.
+A bench of the application's side of `Spool.send()` runs without a sender: each pass must
+fit in the rings, which are emptied between passes and the count checked.
 """
 
 from __future__ import annotations

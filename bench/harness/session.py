@@ -1,19 +1,17 @@
 """A bench run's session: its scratch directory (deleted at the end unless `--keep`), the
-brokers started in it, and what the result says about where it ran.
-
-Every broker a script starts lives under the session's scratch directory and stops with
-the session: tansu (in memory, `eventspool.broker.local`) or librdkafka's 3-broker mock
-cluster (`eventspool.broker.mock`) for the faults tansu cannot make.
+brokers started in it (tansu, or librdkafka's 3-broker mock cluster for the faults tansu
+cannot make), and what the result says about where it ran.
 """
 
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Collection
 from contextlib import ExitStack
 from importlib import metadata
-from types import TracebackType
+from pathlib import Path
 from typing import Self
 
 import confluent_kafka
@@ -34,7 +32,11 @@ class Session:
 
     def __init__(self, args: BenchArgs, name: str) -> None:
         self.args = args
-        self.scratch = args.make_scratch(f"eventspool-bench-{name}-")
+        if args.scratch_parent is not None:
+            args.scratch_parent.mkdir(parents=True, exist_ok=True)
+        self.scratch = Path(
+            tempfile.mkdtemp(prefix=f"eventspool-bench-{name}-", dir=args.scratch_parent)
+        )
         self.filesystem = filesystem_type(self.scratch)
         self.load_start = load_average_1m()
         self._stack = ExitStack()
@@ -42,12 +44,7 @@ class Session:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         try:
             self._stack.close()
         finally:
@@ -69,8 +66,7 @@ class Session:
     def provenance(
         self, broker: str | None = TANSU, packages: Collection[str] = ("confluent-kafka",)
     ) -> dict[str, object]:
-        """The keys the result ends with (`harness.output.provenance`), for this session:
-        its file system, the load since it began, the versions of `packages` and `broker`."""
+        """`harness.output.provenance` for this session, `packages` and `broker`."""
         versions: dict[str, object] = {
             package.replace("-", "_"): metadata.version(package) for package in packages
         }

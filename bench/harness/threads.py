@@ -1,8 +1,7 @@
 """Threads released together by one barrier, timed from the release to the last one's end.
 
-Every pass of N threads is run this way, whatever each thread does (a batch of its own,
-or a loop until told to stop), so its rate always means the same: what the threads did
-over the wall time from their release to the end of the last of them.
+Every pass of N threads runs this way, whatever each thread does, so its rate always
+means the same: what the threads did over that wall time.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Together(Generic[T]):
-    """One pass: each thread's result in slot order, monotonic ns times (which every
-    process shares, so passes of several processes combine) and this process's CPU."""
+    """One pass: each thread's result, monotonic ns times (shared by all processes), CPU."""
 
     results: list[T]
     start_ns: int
@@ -41,10 +39,9 @@ def run_together(
 ) -> Together[T]:
     """Run each of `work` in a thread of its own, all released at once by a barrier.
 
-    With `stop`, it is set `stop_after_s` after the release, for work that loops until it
-    is told; a call in progress then is counted and timed. With `release_at_ns` (monotonic
-    time, which every process shares) the barrier opens no earlier, so passes in several
-    processes begin together. A thread's exception is raised once every thread ended.
+    `stop` is set `stop_after_s` after the release, for work that loops until told. The
+    barrier opens no earlier than `release_at_ns`, so passes of several processes begin
+    together. A thread's exception is raised once every thread ended.
     """
     barrier = threading.Barrier(len(work) + 1)
     results: list[T | None] = [None] * len(work)

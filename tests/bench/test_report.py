@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 import report
-from _report_page import format_number, intro_of
+from _report_page import intro_of
+from harness.output import format_number
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -58,11 +59,10 @@ def test_numbers_are_readable() -> None:
     ]
 
 
-def test_intro_is_the_docstring_headline_and_method() -> None:
-    headline, method = intro_of(report.BENCH_DIR / "e2e.py")
-    assert headline.startswith("End-to-end rate of keyed events")
-    assert "\n" not in headline
-    assert method.startswith("What one run measures")
+def test_intro_is_the_docstring_headline_and_method(tmp_path: Path) -> None:
+    script = tmp_path / "bench.py"
+    script.write_text('"""The headline,\nwrapped.\n\nHow it is\nmeasured.\n"""\n')
+    assert intro_of(script) == ("The headline, wrapped.", "How it is\nmeasured.")
 
 
 def store() -> dict[str, Any]:
