@@ -12,7 +12,10 @@ from failover import (
     BROKERS,
     BURST_S,
     DOWN_BROKER,
+    INITIAL_LEADERS,
     KEYS,
+    MOVED_LEADERS,
+    OUTAGE_LEADERS,
     PARTITIONS,
     PAYLOAD_BYTES,
     FaultTimes,
@@ -23,10 +26,7 @@ from failover import (
     backlog_at,
     build_result,
     down_at,
-    initial_leader,
     longest_wait_s,
-    moved_leader,
-    outage_leaders,
     paced,
     run_figures,
     settle_s,
@@ -47,11 +47,10 @@ def test_values_are_fixed_size_distinct_json_like_text() -> None:
 
 
 def test_every_leader_moves_and_the_down_brokers_partitions_go_to_live_brokers() -> None:
-    first = [initial_leader(p) for p in range(PARTITIONS)]
-    moved = [moved_leader(p) for p in range(PARTITIONS)]
-    assert set(first) == set(moved) == set(range(1, BROKERS + 1))
-    assert all(a != b for a, b in zip(first, moved, strict=True))
-    outage = outage_leaders(DOWN_BROKER)
+    first, moved, outage = INITIAL_LEADERS, MOVED_LEADERS, OUTAGE_LEADERS
+    assert set(first) == set(moved) == set(range(PARTITIONS))
+    assert set(first.values()) == set(moved.values()) == set(range(1, BROKERS + 1))
+    assert all(first[p] != moved[p] for p in range(PARTITIONS))
     assert set(outage) == {p for p in range(PARTITIONS) if moved[p] == DOWN_BROKER}
     assert set(outage.values()) == set(range(1, BROKERS + 1)) - {DOWN_BROKER}
 
@@ -93,18 +92,18 @@ def test_a_runs_figures() -> None:
     send = [i * MS for i in range(100)]
     acks = [t + (500 * MS if i == 50 else 5 * MS) for i, t in enumerate(send)]
     faults = FaultTimes(moved=10 * MS, down=51 * MS, up=60 * MS, client_started=-MS)
-    run = run_figures("ours", 0, send_ns=send, ack_ns=acks, faults=faults, notes={})
-    assert run.events == 100
-    assert run.p50_ms == pytest.approx(5.0)
-    assert run.max_ms == pytest.approx(500.0)
-    assert run.recovery_s == pytest.approx(0.49)  # event 50 is acknowledged at 550 ms
-    assert run.down_settle_s == pytest.approx(0.499)  # event 50 again
-    assert run.move_settle_s == pytest.approx(0.004)
-    assert run.backlog_at_up == 5  # 50, and 56..59 still within their 5 ms
-    assert run.outage_stall_s == pytest.approx(0.005)  # 51..59: event 50 came before
-    assert run.down_phase_s == pytest.approx(0.052)
+    run = run_figures(send, acks, faults)
+    assert run["events"] == 100
+    assert run["p50_ack_ms"] == pytest.approx(5.0)
+    assert run["max_ack_ms"] == pytest.approx(500.0)
+    assert run["recovery_s"] == pytest.approx(0.49)  # event 50 is acknowledged at 550 ms
+    assert run["broker_down_settle_s"] == pytest.approx(0.499)  # event 50 again
+    assert run["leader_move_settle_s"] == pytest.approx(0.004)
+    assert run["backlog_at_up"] == 5  # 50, and 56..59 still within their 5 ms
+    assert run["outage_stall_s"] == pytest.approx(0.005)  # 51..59: event 50 came before
+    assert faults.down_phase_s == pytest.approx(0.052)
     with pytest.raises(RuntimeError, match="1 events never acknowledged"):
-        run_figures("anchor", 0, send_ns=send, ack_ns=[*acks[:-1], -1], faults=faults, notes={})
+        run_figures(send, [*acks[:-1], -1], faults)
 
 
 def test_pacing_keeps_to_the_clock_when_idle_returns_early() -> None:
@@ -125,8 +124,8 @@ def test_pacing_keeps_to_the_clock_when_idle_returns_early() -> None:
     assert bursts[-1][2] - bursts[0][2] >= 4 * BURST_S * 0.99
 
 
-def _run(side: str, rep: int, recovery: float, p99: float) -> RunFigures:
-    return RunFigures(side, rep, 0.5, 1000, recovery, 5.0, p99, 900.0, 10, 0.9, 0.1, 0.5, {})
+def _run(recovery: float, p99: float) -> RunFigures:
+    return {"recovery_s": recovery, "p99_ack_ms": p99, "outage_stall_s": 0.9, "events": 1000}
 
 
 def _kill(side: str, lost: int, delivered_lost: int | None) -> KillFigures:
@@ -136,12 +135,10 @@ def _kill(side: str, lost: int, delivered_lost: int | None) -> KillFigures:
 
 
 def test_the_result_is_ahead_above_one_and_reads_as_figures() -> None:
-    runs = [
-        _run("ours", 0, 0.010, 300.0),
-        _run("anchor", 0, 0.005, 600.0),
-        _run("anchor", 1, 0.007, 500.0),
-        _run("ours", 1, 0.014, 200.0),
-    ]
+    runs = {
+        "ours": [_run(0.010, 300.0), _run(0.014, 200.0)],
+        "anchor": [_run(0.005, 600.0), _run(0.007, 500.0)],
+    }
     kills = [_kill("ours", 0, None), _kill("anchor", 99, 0)]
     phases = Phases(steady_s=1.0, outage_s=5.0, tail_s=2.0, kill_after_down_s=2.5)
     result = build_result(runs, kills, phases, {})
