@@ -1,47 +1,23 @@
 """Enqueue cost of `Spool.send()` against `confluent_kafka.Producer.produce()`.
 
-What one run measures (each figure is the median over the repetitions):
+Both sides send 100-byte values, keyless and keyed (10k users, keys like b"user-123"),
+from 1 and 4 threads released by one barrier. Ours: 4 partitions of 32 MiB rings, reject
+when full, durability `process`, then `fsync` on the same files reopened after os.sync().
+The anchor: `produce()` into memory (its bootstrap server is a closed port). Nothing is
+sent: between passes, untimed, the rings are emptied (the count checked) and the
+producer purged. Warm-up: a cold pass on the fresh mapping (cold_first_pass_rate), then
+every ring written through once; the anchor fills and purges one pass of the largest size
+(anchor_cold_first_pass_rate). Growing calibration passes size the measured ones.
 
-1. `Spool.send()` with 100-byte values, keyless and keyed (10k users, keys like
-   b"user-123"), with durability `process` and `fsync` (32 MiB rings, full policy
-   reject; concurrent writers of one ring share an fdatasync), from 1 and from 4 threads
-   released together by one barrier, each sending its share (keyed threads start at
-   different users): the rate (a pass without per-call timing; events / wall time from
-   the release to the last thread's end) and the per-call latency p50/p99/p99.9 (a
-   separate pass, `perf_counter_ns` around every call, percentiles over every thread's
-   calls of the pass).
-2. The disk's own cost, probed at the start of each repetition of the fsync passes so
-   both see the same disk weather: append 100 bytes to a file and fdatasync it, in the
-   spool's directory (and, for reference, the same with 100-byte overwrites in place in
-   a written 1 MiB file, which is what the ring does once it has wrapped).
-3. The anchor: `Producer.produce()` on the same payloads, memory only (the bootstrap
-   server is a closed local port, so nothing leaves the process; errors are swallowed
-   and counted), timing only the enqueue, keyless and keyed, 1 and 4 threads; purged
-   after every pass, untimed, so every pass starts from an empty queue.
-4. Instructions per event, counted by callgrind (bench/harness/instructions.py) for
-   `Spool.send()` and `produce()` keyless: a figure that a busy machine does not move
-   (a quick run counts fewer events per lane); and for `Spool.send()` into one partition
-   whose 4 MiB segments fill and chain.
-5. Appends that cross segment boundaries: keyless sends to one partition with 4 MiB
-   segments while a drainer thread (standing in for the sender) keeps two segments of
-   backlog, so the queue moves to a new segment every ~26k events; against the same
-   sends and drainer on one 256 MiB segment, which wraps and never chains.
-
-Nothing sends the spool's events anywhere, so its rings would fill. There is no
-concurrent drainer here: every ring has room for a whole pass (at most half of the
-rings), and between passes, out of the timed region, every ring is drained with
-read_batch + ack (and the count of drained records is checked against the count sent).
-This keeps the comparison symmetric with the anchor, whose messages are not sent either.
-
-Warm-up: the rings are created first, then one cold pass runs on the fresh mapping
-(reported as cold_first_pass_rate), then sends and drains until every ring wrapped once,
-so no measured pass touches a never-written page (a first write to a fresh mmap page
-faults, and on a preallocated file also converts an unwritten extent). The anchor sends
-one pass of the largest size and purges it, so measured passes reuse the heap it grew
-(reported as anchor_cold_first_pass_rate). Each configuration then runs growing
-calibration passes that size its measured ones. The fsync passes reopen the same,
-already written, ring files after os.sync(). Spool and anchor passes are interleaved
-configuration by configuration, so a disturbance from other processes hits both alike.
+Figures are medians over the repetitions, ours and the anchor interleaved configuration
+by configuration. Rate: events / wall time of a pass without per-call timing. Latency
+p50/p99/p99.9: a separate pass timing every call. The fsync latency's anchor is the disk's
+100-byte append + fdatasync in the spool's directory (and overwrite in place, as a wrapped
+ring does), probed at the start of each fsync repetition. Instructions per event under
+callgrind (harness.instructions) of `send()` and `produce()` keyless, and of `send()` into
+one partition whose 4 MiB segments chain. Crossing lane: keyless sends to one partition
+of 4 MiB segments while a drainer thread keeps two segments of backlog (a new segment
+every ~26k events), against the same on one 256 MiB segment.
 """
 
 from __future__ import annotations
@@ -53,6 +29,7 @@ import threading
 import time
 from array import array
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -69,7 +46,7 @@ from harness.cli import BenchArgs, bench_main
 from harness.figures import figure
 from harness.output import progress
 from harness.rings import empty_rings, expect_emptied, fitting_events
-from harness.runs import Runs, latency_summary_us, median, safe_ratio
+from harness.runs import Runs, latency_summary_us, safe_ratio
 from harness.session import Session
 from harness.threads import run_together
 
@@ -79,12 +56,14 @@ PAYLOAD_BYTES = 100
 VALUE = random.Random(20240601).randbytes(PAYLOAD_BYTES)
 KEY_SPACE = 10_000
 USERS = [f"user-{i}".encode() for i in range(KEY_SPACE)]
-THREAD_COUNTS = (1, 4)
 KEY_MODES = ("keyless", "keyed")
-CONFIGS = [(mode, threads) for mode in KEY_MODES for threads in THREAD_COUNTS]
-CAPACITY_BYTES = 32 * MIB  # one ring per partition, as before queues had segments
-DURABILITIES = (Durability.PROCESS, Durability.FSYNC)
+CONFIGS = [(mode, threads) for mode in KEY_MODES for threads in (1, 4)]
+CAPACITY_BYTES = 32 * MIB  # one segment per ring
 PAGE_BYTES = 4096
+CROSSING_SEGMENT_BYTES = 4 * MIB  # the default segment_bytes
+STEADY_SEGMENT_BYTES = 256 * MIB
+LANE_SEGMENT_BYTES = {"crossing": CROSSING_SEGMENT_BYTES, "steady_backlog": STEADY_SEGMENT_BYTES}
+BACKLOG_SEGMENTS = 2
 PRODUCE = "confluent_kafka produce(), memory only"
 ANCHOR_CONFIG: dict[str, object] = {
     "bootstrap.servers": "127.0.0.1:1",
@@ -103,11 +82,7 @@ KeyList = list[bytes | None]
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """How long and how often to measure.
-
-    Passes aim at `pass_seconds` from a calibrated rate; the minimum sizes keep the slow
-    fsync passes meaningful when a calibration lands on a bad moment of the disk.
-    """
+    """Minimum pass sizes keep fsync passes meaningful after a calibration on a bad moment."""
 
     pass_seconds: float
     calibration_seconds: float
@@ -123,9 +98,6 @@ QUICK = Profile(0.1, 0.05, 1_000, 500, 50_000, 300_000, 50_000, 400)
 FULL = Profile(1.0, 0.25, 4_000, 4_000, 500_000, 3_000_000, 200_000, 2_000)
 
 
-# ---- running one pass --------------------------------------------------------------
-
-
 @dataclass(frozen=True, slots=True)
 class PassResult:
     events: int
@@ -138,7 +110,7 @@ class PassResult:
 
 
 def key_lists(mode: str, total: int, threads: int) -> list[KeyList]:
-    """The keys each thread sends: its share of `total`, cycling over the users when keyed."""
+    """Each thread's share of `total`, cycling over the users from its own start when keyed."""
     per_thread = max(1, total // threads)
     if mode == "keyless":
         return [[None] * per_thread for _ in range(threads)]
@@ -149,11 +121,8 @@ def key_lists(mode: str, total: int, threads: int) -> list[KeyList]:
 
 
 def run_pass(call: SendFn, keys: list[KeyList], *, timed: bool) -> PassResult:
-    """Send every key list from its own thread, the threads released together.
-
-    With `timed`, every call is timed separately (which costs time, so rates come from
-    untimed passes only).
-    """
+    """Each key list from its own thread; `timed` times every call (so rates come from
+    untimed passes)."""
 
     def send_all(mine: KeyList) -> array[int]:
         send, topic, value, clock = call, TOPIC, VALUE, time.perf_counter_ns
@@ -176,7 +145,6 @@ def run_pass(call: SendFn, keys: list[KeyList], *, timed: bool) -> PassResult:
 class Target:
     """Something to enqueue into, and how to empty it between passes (untimed)."""
 
-    name: str
     prefix: str
     call: SendFn
     reset: Callable[[int], None]
@@ -184,85 +152,59 @@ class Target:
     syncs: Callable[[], int] | None = None
 
     def send(self, mode: str, events: int, threads: int = 1, *, timed: bool = False) -> PassResult:
-        """One pass of `events` split over `threads`, emptied afterwards."""
         result = run_pass(self.call, key_lists(mode, events, threads), timed=timed)
         self.reset(result.events)
         return result
 
 
-def calibrate(target: Target, mode: str, threads: int, seconds: float) -> float:
-    """Estimate events/s with growing untimed passes (which also warm the code path)."""
+def plan(target: Target, mode: str, threads: int, profile: Profile) -> dict[str, int]:
+    """Pass sizes of about `pass_seconds`, from growing untimed passes (which warm up too)."""
     n = 64 * threads
-    while True:
-        result = target.send(mode, n, threads)
-        if result.seconds >= seconds or n >= target.max_pass_events:
-            return result.rate
+    calibration = target.send(mode, n, threads)
+    while calibration.seconds < profile.calibration_seconds and n < target.max_pass_events:
         n = min(n * 4, target.max_pass_events)
-
-
-def pass_sizes(rate: float, threads: int, target: Target, profile: Profile) -> tuple[int, int]:
-    """(rate pass, latency pass) events, each a multiple of `threads` (equal shares)."""
-    wanted = int(rate * profile.pass_seconds)
-    rate_events = min(max(wanted, profile.min_rate_events), target.max_pass_events)
-    latency_events = min(
-        max(wanted, profile.min_latency_samples),
-        profile.max_latency_samples,
-        target.max_pass_events,
-    )
-    return (
-        max(threads, rate_events - rate_events % threads),
-        max(threads, latency_events - latency_events % threads),
-    )
+        calibration = target.send(mode, n, threads)
+    wanted = int(calibration.rate * profile.pass_seconds)
+    limit = target.max_pass_events
+    sizes = {
+        "rate_pass_events": min(max(wanted, profile.min_rate_events), limit),
+        "latency_pass_events": min(
+            max(wanted, profile.min_latency_samples), profile.max_latency_samples, limit
+        ),
+    }
+    progress(f"{target.prefix}_{mode}_{threads}t: calibrated ~{calibration.rate:,.0f}/s")
+    return {name: max(threads, events - events % threads) for name, events in sizes.items()}
 
 
 def measure(
     targets: list[Target],
     profile: Profile,
     repeats: int,
-    *,
     runs: Runs,
     sizes: dict[str, dict[str, int]],
+    *,
     before_rep: Callable[[int], None] | None = None,
 ) -> None:
-    """Every key mode x thread count of every target, `repeats` times, the targets
-    interleaved configuration by configuration (as the module docstring says);
-    `before_rep` runs at the start of each repetition, for the same reason."""
-    planned: dict[str, tuple[int, int]] = {}
+    """Every configuration of every target, `repeats` times, the targets interleaved."""
     for target in targets:
         for mode, threads in CONFIGS:
-            rate = calibrate(target, mode, threads, profile.calibration_seconds)
-            name = f"{target.prefix}_{mode}_{threads}t"
-            planned[name] = rate_events, latency_events = pass_sizes(rate, threads, target, profile)
-            sizes[name] = {"rate_pass_events": rate_events, "latency_pass_events": latency_events}
-            progress(
-                f"{target.name} {mode} {threads}t: calibrated ~{rate:,.0f}/s, passes of "
-                f"{rate_events:,} (rate) and {latency_events:,} (latency) events"
-            )
+            sizes[f"{target.prefix}_{mode}_{threads}t"] = plan(target, mode, threads, profile)
     for rep in range(repeats):
         if before_rep is not None:
             before_rep(rep)
         for (mode, threads), target in ((config, t) for config in CONFIGS for t in targets):
             name = f"{target.prefix}_{mode}_{threads}t"
-            rate_events, latency_events = planned[name]
-            summary = latency_summary_us(
-                target.send(mode, latency_events, threads, timed=True).latencies_ns
-            )
+            timed = target.send(mode, sizes[name]["latency_pass_events"], threads, timed=True)
+            summary = latency_summary_us(timed.latencies_ns)
             for stat in ("p50_us", "p99_us", "p999_us", "max_us"):
                 runs.add(f"{name}_{stat}", summary[stat])
             syncs_before = target.syncs() if target.syncs is not None else 0
-            untimed = target.send(mode, rate_events, threads)
+            untimed = target.send(mode, sizes[name]["rate_pass_events"], threads)
             if target.syncs is not None:
                 synced = target.syncs() - syncs_before
                 runs.add(f"{name}_events_per_fdatasync", untimed.events / max(1, synced))
             runs.add(f"{name}_rate", untimed.rate)
-            progress(
-                f"rep {rep + 1}/{repeats} {target.name} {mode} {threads}t: "
-                f"{untimed.rate:,.0f} events/s, p50 {summary['p50_us']:.2f} us, "
-                f"p99 {summary['p99_us']:.2f} us, p99.9 {summary['p999_us']:.2f} us"
-            )
-
-
-# ---- the two sides and the disk -------------------------------------------------------
+            progress(f"rep {rep + 1}/{repeats} {name}: {untimed.rate:,.0f}/s, {summary}")
 
 
 def open_spool(directory: Path, durability: Durability, profile: Profile) -> tuple[Spool, Target]:
@@ -274,143 +216,105 @@ def open_spool(directory: Path, durability: Durability, profile: Profile) -> tup
     )
     spool = Spool(directory, settings=SpoolSettings(queue=settings))
     fits = fitting_events(PARTITIONS, CAPACITY_BYTES, len(b"user-9999") + PAYLOAD_BYTES)
-
-    def syncs() -> int:
-        return sum(ref.ring.syncs for ref in spool.queues())
-
     return spool, Target(
-        name=f"spool[{durability.value}]",
         prefix=f"spool_{durability.value}",
         call=spool.send,
         reset=partial(expect_emptied, spool),
         max_pass_events=min(fits, profile.max_pass_events),
-        syncs=syncs if durability is Durability.FSYNC else None,
+        syncs=(lambda: sum(ref.ring.syncs for ref in spool.queues()))
+        if durability is Durability.FSYNC
+        else None,
     )
 
 
-def open_rings(spool: Spool) -> None:
-    """Create every partition's ring (keyed sends reach them all), then empty them."""
-    for key in USERS[:256]:
+def warm_up(spool: Spool, target: Target, profile: Profile) -> PassResult:
+    """Open every partition's ring, time one cold pass on the fresh mapping (returned), then
+    write every ring through one full lap, so no measured pass faults in a fresh page."""
+    spool.set_partition_count(TOPIC, PARTITIONS)
+    for key in USERS[:256]:  # keyed sends reach every partition
         spool.send(TOPIC, b"x", key)
     empty_rings(spool)
-    opened = sorted(ref.partition for ref in spool.queues() if ref.partition is not None)
-    if opened != list(range(PARTITIONS)):
-        raise RuntimeError(f"expected rings for partitions 0..{PARTITIONS - 1}, got {opened}")
-
-
-def warm_rings(spool: Spool, target: Target) -> int:
-    """Write every ring through one full lap, so no measured pass hits a fresh page."""
-    sent = 0
+    cold = target.send("keyless", min(profile.cold_pass_events, target.max_pass_events))
     for chunk_index in range(64):
         tails = [ref.ring.write_core.tail for ref in spool.queues()]
         if min(tails) >= CAPACITY_BYTES + 8 * PAGE_BYTES:
-            return sent
-        sent += target.send(KEY_MODES[chunk_index % 2], target.max_pass_events).events
+            return cold
+        target.send(KEY_MODES[chunk_index % 2], target.max_pass_events)
     raise RuntimeError("the rings did not wrap during the warm-up")
 
 
-# ---- appends that cross segment boundaries -------------------------------------------
+def drain_excess(spool: Spool, keep: int) -> int:
+    """Acknowledge, as the sender would, what the queue holds over `keep` records; how many."""
+    (ref,) = spool.queues()
+    drained = 0
+    while (excess := ref.ring.depth - keep) > 0:
+        batch = ref.ring.read_batch(min(excess, 20_000), 64 * MIB)
+        if not batch:
+            break
+        ref.ring.ack(batch[-1].seq)
+        drained += len(batch)
+    return drained
 
-CROSSING_SEGMENT_BYTES = 4 * MIB  # the default segment_bytes
-STEADY_SEGMENT_BYTES = 256 * MIB
-BACKLOG_SEGMENTS = 2
 
-
-class Drainer(threading.Thread):
-    """Reads and acknowledges a queue as the sender would, leaving `keep` records queued."""
-
-    def __init__(self, spool: Spool, keep: int) -> None:
-        super().__init__(daemon=True)
-        self._spool = spool
-        self._keep = keep
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            if not self.drain_once():
-                time.sleep(0.0002)
-
-    def drain_once(self) -> int:
-        """Acknowledge one batch of what is over `keep`; how many records."""
-        (ref,) = self._spool.queues()
-        queue = ref.ring
-        excess = queue.depth - self._keep
-        batch = queue.read_batch(min(excess, 20_000), 64 * MIB) if excess > 0 else []
-        if batch:
-            queue.ack(batch[-1].seq)
-        return len(batch)
+def drain_until(spool: Spool, keep: int, stop: threading.Event) -> None:
+    """Drain as the sender would, beside a pass, until `stop`."""
+    while not stop.is_set():
+        if not drain_excess(spool, keep):
+            time.sleep(0.0002)
 
 
 def crossing_lanes(directory: Path, profile: Profile, repeats: int, runs: Runs) -> dict[str, int]:
-    """Rates of sends that cross segment boundaries and of the same sends that do not.
-
-    Each queue keeps its backlog of two segments between passes too, as under a
-    sustained backlog: the crossing lane's emptied segments are recycled, not remade.
-    """
+    """Rates of sends that cross segment boundaries and of the same sends that do not; the
+    backlog stays between passes, so the crossing lane's segments are recycled, not remade."""
     events = profile.max_pass_events // 3
     frame = frame_size(FIXED_SIZE + PAYLOAD_BYTES)
     keep = BACKLOG_SEGMENTS * CROSSING_SEGMENT_BYTES // frame
-    lanes = {"crossing": CROSSING_SEGMENT_BYTES, "steady_backlog": STEADY_SEGMENT_BYTES}
-    spools: dict[str, Spool] = {}
-    sent = dict.fromkeys(lanes, 0)
     keys = key_lists("keyless", events, 1)
-    try:
-        for name, segment in lanes.items():
+    with ExitStack() as stack:
+        spools: dict[str, Spool] = {}
+        for name, segment in LANE_SEGMENT_BYTES.items():
             queue = QueueSettings(capacity_bytes=2048 * MIB, segment_bytes=segment)
             spools[name] = spool = Spool(directory / name, settings=SpoolSettings(queue=queue))
+            stack.enter_context(spool)
             spool.set_partition_count(TOPIC, 1)
             # Warm: the steady ring written through once, the backlog in place.
             for _ in range(STEADY_SEGMENT_BYTES // (events * frame) + 2):
-                sent[name] += run_pass(spool.send, keys, timed=False).events
-                while Drainer(spool, keep).drain_once():
-                    pass
+                run_pass(spool.send, keys, timed=False)
+                drain_excess(spool, keep)
         for rep in range(repeats):
             for name, spool in spools.items():
-                drainer = Drainer(spool, keep)
+                stop = threading.Event()
+                drainer = threading.Thread(target=drain_until, args=(spool, keep, stop))
                 drainer.start()
                 result = run_pass(spool.send, keys, timed=False)
-                drainer.stop.set()
+                stop.set()
                 drainer.join()
-                while drainer.drain_once():
-                    pass
-                sent[name] += result.events
+                drain_excess(spool, keep)
                 runs.add(f"spool_{name}_rate", result.rate)
                 progress(f"rep {rep + 1}/{repeats} {name}: {result.rate:,.0f} events/s")
-        for name, spool in spools.items():
-            expect_emptied(spool, keep)
-            (ref,) = spool.queues()
-            if ref.ring.next_seq != sent[name]:
-                raise RuntimeError(f"{name}: sent {sent[name]}, queued {ref.ring.next_seq}")
-    finally:
         for spool in spools.values():
-            spool.close()
+            expect_emptied(spool, keep)
     chained = repeats * events * frame // CROSSING_SEGMENT_BYTES
     return {"events_per_pass": events, "backlog_records": keep, "segments_chained": chained}
 
 
-def anchor_target(profile: Profile) -> tuple[Target, Any, list[int]]:
-    errors = [0]
-
-    def swallow(_err: object) -> None:
-        errors[0] += 1
-
-    producer: Any = confluent_kafka.Producer({**ANCHOR_CONFIG, "error_cb": swallow})
+def anchor_target(profile: Profile) -> Target:
+    """The memory-only producer; the errors of its closed bootstrap port are swallowed."""
+    producer: Any = confluent_kafka.Producer({**ANCHOR_CONFIG, "error_cb": lambda _error: None})
 
     def reset(sent: int) -> None:
-        queued = len(producer)
-        if queued < sent:
+        if (queued := len(producer)) < sent:
             raise RuntimeError(f"produced {sent} messages but only {queued} are queued")
         producer.purge(in_queue=True, in_flight=True, blocking=True)
         producer.poll(0)
 
-    target = Target("produce", "produce", producer.produce, reset, profile.max_pass_events)
-    return target, producer, errors
+    return Target("produce", producer.produce, reset, profile.max_pass_events)
 
 
 def disk_fdatasync(directory: Path, count: int) -> dict[str, float]:
-    """Latency of write(100 bytes) + fdatasync: appending, and overwriting in place."""
+    """write(100 bytes) + fdatasync: appending, and overwriting in place in a 1 MiB file."""
     region = 1 * MIB
-    summaries = {}
+    stats: dict[str, float] = {}
     for kind, flags in (("append", os.O_APPEND), ("overwrite", 0)):
         path = directory / f"fdatasync-{kind}.probe"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o600)
@@ -419,7 +323,7 @@ def disk_fdatasync(directory: Path, count: int) -> dict[str, float]:
             if kind == "overwrite":
                 os.write(fd, bytes(region))
                 os.fsync(fd)
-            for i in range(count + 10):  # the first 10 are a warm-up, not recorded
+            for i in range(count + 10):  # the first 10 are a warm-up
                 t0 = time.perf_counter_ns()
                 if kind == "append":
                     os.write(fd, VALUE)
@@ -431,96 +335,45 @@ def disk_fdatasync(directory: Path, count: int) -> dict[str, float]:
         finally:
             os.close(fd)
             path.unlink(missing_ok=True)
-        summaries[kind] = latency_summary_us(samples)
-    return {f"{kind}_{q}_us": s[f"{q}_us"] for kind, s in summaries.items() for q in ("p50", "p99")}
-
-
-# ---- main ----------------------------------------------------------------------------
+        summary = latency_summary_us(samples)
+        stats |= {f"{kind}_p50_us": summary["p50_us"], f"{kind}_p99_us": summary["p99_us"]}
+    return stats
 
 
 def run(args: BenchArgs) -> dict[str, object]:
     profile = QUICK if args.quick else FULL
     runs = Runs()
     sizes: dict[str, dict[str, int]] = {}
-    facts: dict[str, Any] = {}
-    session = Session(args, "enqueue")
-    spool_dir = session.scratch / "spool"
-    progress(
-        f"profile {'quick' if args.quick else 'full'}: {args.repeats} repetitions, "
-        f"passes of ~{profile.pass_seconds}s; scratch on {session.filesystem}"
-    )
-    anchor, producer, anchor_errors = anchor_target(profile)
-    with session:
-        # 1. process durability: fresh spool, cold pass, warm-up lap; the anchor's
-        # warm-up; then the measured passes, spool and anchor interleaved.
+    anchor = anchor_target(profile)
+    with Session(args, "enqueue") as session:
+        spool_dir = session.scratch / "spool"
         spool, target = open_spool(spool_dir, Durability.PROCESS, profile)
         with spool:
-            spool.set_partition_count(TOPIC, PARTITIONS)
-            open_rings(spool)
-            cold = target.send("keyless", min(profile.cold_pass_events, target.max_pass_events))
-            facts["cold_first_pass_rate"] = cold.rate
-            facts["cold_first_pass_events"] = cold.events
-            progress(f"cold first pass (fresh mapping): {cold.rate:,.0f} events/s")
-            t0 = time.perf_counter()
-            facts["warmup_events"] = warm_rings(spool, target)
-            facts["warmup_seconds"] = round(time.perf_counter() - t0, 2)
-            progress(f"warm-up: every ring wrapped once ({facts['warmup_events']:,} events)")
-            # The producer's heap grows on first use: fill it once and purge.
-            warm = anchor.send("keyless", anchor.max_pass_events)
-            facts["anchor_cold_first_pass_rate"] = warm.rate
-            progress(f"anchor warm-up: {warm.events:,} messages at {warm.rate:,.0f}/s, purged")
-            measure([target, anchor], profile, args.repeats, runs=runs, sizes=sizes)
+            cold = warm_up(spool, target, profile)
+            anchor_warm = anchor.send("keyless", anchor.max_pass_events)
+            progress(f"cold first pass {cold.rate:,.0f}/s, anchor's {anchor_warm.rate:,.0f}/s")
+            measure([target, anchor], profile, args.repeats, runs, sizes)
+        crossing = crossing_lanes(session.scratch / "crossing", profile, args.repeats, runs)
 
-        # Appends that cross segment boundaries, against the same appends in one ring.
-        facts["crossing"] = crossing_lanes(
-            session.scratch / "crossing", profile, args.repeats, runs
-        )
-
-        # 2. fsync durability: the same (now warm) ring files, reopened; and the disk's
-        # own fdatasync in the spool's directory, one probe at the start of each
-        # repetition, so that both see the same disk weather.
         def probe_disk(rep: int) -> None:
             disk = disk_fdatasync(spool_dir, profile.disk_syncs)
             for stat, value in disk.items():
                 runs.add(f"disk_fdatasync_{stat}", value)
-            progress(
-                f"rep {rep + 1}/{args.repeats} disk fdatasync ({profile.disk_syncs} x 100 B): "
-                f"append p50 {disk['append_p50_us']:.0f} us, p99 {disk['append_p99_us']:.0f} us; "
-                f"overwrite p50 {disk['overwrite_p50_us']:.0f} us, "
-                f"p99 {disk['overwrite_p99_us']:.0f} us"
-            )
+            progress(f"rep {rep + 1}/{args.repeats} disk fdatasync: {disk}")
 
         os.sync()
         spool, target = open_spool(spool_dir, Durability.FSYNC, profile)
         with spool:
-            measure([target], profile, args.repeats, runs=runs, sizes=sizes, before_rep=probe_disk)
-        producer.purge(in_queue=True, in_flight=True, blocking=True)
-        producer.poll(0)
-        producer.flush(0)
+            measure([target], profile, args.repeats, runs, sizes, before_rep=probe_disk)
     counts: dict[str, float] = {}
     if instructions.available():
         events = instructions.QUICK_EVENTS if args.quick else instructions.FULL_EVENTS
-        progress(f"instructions per event under callgrind ({events:,} events per lane)")
         counts = instructions.per_event(["send", "produce", "send_crossing"], events)
-        progress(f"instructions per event: {counts}")
-    facts["anchor_errors"] = anchor_errors[0]
-    return build_result(profile, runs, sizes=sizes, facts=facts, session=session, counts=counts)
-
-
-def build_result(
-    profile: Profile,
-    runs: Runs,
-    *,
-    sizes: dict[str, dict[str, int]],
-    facts: dict[str, Any],
-    session: Session,
-    counts: dict[str, float],
-) -> dict[str, object]:
+        progress(f"instructions per event ({events:,} events per lane): {counts}")
     m = runs.medians()
     ours = m["spool_process_keyless_1t_rate"]
     fsync_p99 = m["spool_fsync_keyless_1t_p99_us"]
-    disk_p99 = m["disk_fdatasync_append_p99_us"]
-    listed = [
+    figures = [
         figure(
             "enqueue_rate_process_keyed_4threads",
             round(m["spool_process_keyed_4t_rate"]),
@@ -541,7 +394,7 @@ def build_result(
         figure(
             "enqueue_p99_fsync_1thread",
             round(fsync_p99, 2),
-            round(disk_p99, 2),
+            round(m["disk_fdatasync_append_p99_us"], 2),
             unit="us",
             title="Spool.send() p99 latency, 1 thread, durability fsync",
             anchor_is="the disk's own 100-byte append + fdatasync",
@@ -549,7 +402,7 @@ def build_result(
         ),
     ]
     if counts:
-        listed.append(
+        figures.append(
             instructions.instruction_figure(
                 "enqueue_instructions_per_event",
                 counts,
@@ -559,11 +412,6 @@ def build_result(
                 anchor_is=PRODUCE,
             )
         )
-    paired = zip(
-        runs.values["spool_process_keyless_1t_rate"],
-        runs.values["produce_keyless_1t_rate"],
-        strict=True,
-    )
     return {
         **figure(
             "enqueue_rate_process_1thread",
@@ -573,73 +421,29 @@ def build_result(
             title="Spool.send() rate, 1 thread, keyless, durability process",
             anchor_is=PRODUCE,
         ),
-        "figures": listed,
+        "figures": figures,
         **{
             name: round(value) if name.endswith("_rate") else round(value, 3)
             for name, value in m.items()
         },
-        "rate_ratio_vs_produce": {
-            f"process_{mode}_{threads}t": safe_ratio(
-                m[f"spool_process_{mode}_{threads}t_rate"], m[f"produce_{mode}_{threads}t_rate"]
-            )
-            for mode, threads in CONFIGS
-        },
-        "ratio_paired_median": round(median(a / b for a, b in paired), 4),
-        "fsync_p99_us": fsync_p99,
-        "disk_fdatasync_p99_us": disk_p99,
-        "fsync_p99_vs_disk_fdatasync_p99_ratio": safe_ratio(fsync_p99, disk_p99, 3),
-        "fsync_p50_vs_disk_fdatasync_p50_ratio": safe_ratio(
-            m["spool_fsync_keyless_1t_p50_us"], m["disk_fdatasync_append_p50_us"], 3
-        ),
         # The ring overwrites preallocated blocks, so in-place overwrites are its true floor.
         "fsync_p99_vs_disk_fdatasync_overwrite_p99_ratio": safe_ratio(
             fsync_p99, m["disk_fdatasync_overwrite_p99_us"], 3
         ),
-        "cold_first_pass_rate": round(facts["cold_first_pass_rate"]),
-        "cold_first_pass_vs_warm_ratio": safe_ratio(facts["cold_first_pass_rate"], ours, 3),
+        "cold_first_pass_rate": round(cold.rate),
         "crossing_vs_steady_ratio": safe_ratio(
             m["spool_crossing_rate"], m["spool_steady_backlog_rate"], 3
         ),
-        "crossing": facts["crossing"],
-        **(
-            {
-                "crossing_vs_steady_instructions_ratio": safe_ratio(
-                    counts["send_crossing"], counts["send"], 3
-                )
-            }
-            if counts
-            else {}
+        "crossing": crossing,
+        "crossing_vs_steady_instructions_ratio": safe_ratio(
+            counts.get("send_crossing", 0), counts.get("send", 0), 3
         ),
-        "anchor_cold_first_pass_rate": round(facts["anchor_cold_first_pass_rate"]),
-        "payload_bytes": PAYLOAD_BYTES,
-        "key_space": KEY_SPACE,
-        "key_example": "user-123",
-        "partitions": PARTITIONS,
-        "capacity_bytes_per_ring": CAPACITY_BYTES,
-        "ring_frame_bytes": {
-            "keyless": frame_size(FIXED_SIZE + PAYLOAD_BYTES),
-            "keyed": frame_size(FIXED_SIZE + len(b"user-1234") + PAYLOAD_BYTES),
-        },
-        "durability": [mode.value for mode in DURABILITIES],
-        "warmup": {
-            "spool_warmup_events": facts["warmup_events"],
-            "spool_warmup_seconds": facts["warmup_seconds"],
-            "cold_first_pass_events": facts["cold_first_pass_events"],
-            "anchor_warmup_events": profile.max_pass_events,
-        },
-        "anchor_config": {
-            **{k: v for k, v in ANCHOR_CONFIG.items() if k != "bootstrap.servers"},
-            "errors_swallowed": facts["anchor_errors"],
-        },
-        "disk_fdatasync_samples": profile.disk_syncs,
+        "anchor_cold_first_pass_rate": round(anchor_warm.rate),
         "pass_sizes": sizes,
-        "pass_seconds_target": profile.pass_seconds,
         "runs": runs.listed("_rate", "_p99_us"),
         **session.provenance(broker=None),
     }
 
 
 if __name__ == "__main__":
-    sys.exit(
-        bench_main("Spool.send() enqueue rate and latency against confluent_kafka produce()", run)
-    )
+    sys.exit(bench_main("Spool.send() rate and latency against confluent_kafka produce()", run))

@@ -1,42 +1,25 @@
 """What a SIGKILL takes from events the application was told were acknowledged: a
 `Spool` against a bare `confluent_kafka.Producer` and its safe-but-slow fix.
 
-Each lane runs in a child process that produces keyless 100-byte events (the value
-starts with the event's sequence number, zero-padded to 12 digits; the producer lanes
-add an `event_id` header, a UUIDv7 as the spool does) as fast as it can to a fresh
-one-partition topic, and records each acknowledged event's id in a ledger file
-(`eventspool.testing.ledger`, memory-mapped), which a SIGKILL cannot cut short. Each
-child first delivers one event and waits for it, so the kill lands in full flight rather
-than during start-up (a bare idempotent producer's first delivery here takes about
-0.5 s, and a kill before it costs its whole queue). The parent waits for that first
-acknowledgement, sleeps a random delay (the same for every lane of a repetition; lanes
-rotate order), then SIGKILLs the child. Lanes:
+Each lane is a child process that sends keyless 100-byte events (the value starts with
+its sequence number; the producer lanes add a UUIDv7 `event_id` header, as the spool
+does) as fast as it can to a fresh one-partition topic, recording each acknowledged id in
+a memory-mapped ledger that a SIGKILL cannot cut short. Once the child's first event is
+delivered, the parent sleeps a random delay (the same for each lane of a repetition;
+lanes rotate order) and SIGKILLs it. Lanes: spool (ours), `Spool.send()` on default
+settings (a full queue retried after 1 ms), acknowledged when it returned, the spool
+reopened (`backlog_at_reopen`) and flushed after the kill; producer (the anchor),
+`produce()` with acks=all, idempotence and lz4, acknowledged when it returned; wait-1
+and wait-100, the same producer flushed every N events, acknowledged by delivery reports.
 
-* spool (ours): `Spool.send()` with default settings (durability `process`, 32 MiB rings,
-  reject when full: the child retries after 1 ms). Acknowledged = `send()` returned.
-  After the kill the parent reopens the spool directory and `flush()`es it. A ring holds
-  174,762 events of this size; at full speed it fills within about a second, and from
-  then on `send()` is paced by the sender thread (`backlog_at_reopen` is then about the
-  ring's capacity).
-* producer (the anchor): `Producer.produce()` with acks=all, enable.idempotence=true,
-  compression.type=lz4 and librdkafka's defaults otherwise (linger.ms 5, a queue of
-  100,000 messages; BufferError -> poll(0.01) and retry; poll(0) every 1,000 events).
-  Acknowledged = `produce()` returned, which is when an application moves on.
-* wait-1 and wait-N (the way users make the anchor safe): the same producer, N events
-  produced, then `flush()`; acknowledged = a delivery report without error.
-
-After the kill (and 0.5 s for a request the broker already received), the parent writes
-a marker event and reads the partition up to it (`eventspool.verify.consume_topic`):
-everything the topic will ever hold from the child. The ids are compared
-(`eventspool.verify.ledger`): per kill, acknowledged, delivered, lost, duplicates,
-found-but-never-acknowledged, and the acknowledged rate between the first
-acknowledgement and the kill. Each figure is the median over kills. The broker is tansu
-(in memory) on the same machine.
+After the kill (and 0.5 s), the parent writes a marker event, reads the partition up to
+it and compares event ids: per kill, acknowledged, delivered, lost, duplicated, delivered
+but never acknowledged, and the acknowledged rate until the kill. Each figure is the
+median over kills. The broker is tansu (in memory) on the same machine.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
 import random
@@ -45,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import confluent_kafka
 
@@ -64,13 +47,11 @@ from harness.producer import compared_settings
 from harness.runs import median
 from harness.session import Session
 
-FIGURE = "sigkill_acknowledged_delivered_fraction"
 OURS = "spool"
 ANCHOR = "producer"
-WAIT_LANE_PREFIX = "wait-"
-WAIT_EACH = f"{WAIT_LANE_PREFIX}1"
+WAIT_EACH = "wait-1"
 WAIT_BATCH = 100
-WAIT_LANE = f"{WAIT_LANE_PREFIX}{WAIT_BATCH}"
+WAIT_LANE = f"wait-{WAIT_BATCH}"
 LANES = (OURS, ANCHOR, WAIT_EACH, WAIT_LANE)
 QUICK_DELAY_S = (0.3, 1.2)
 FULL_DELAY_S = (0.5, 3.0)
@@ -78,31 +59,41 @@ PAYLOAD_BYTES = 100
 READY_TIMEOUT_S = 60.0
 SETTLE_S = 0.5
 FLUSH_TIMEOUT_S = 300.0
-CONSUME_TIMEOUT_S = 300.0
+ANCHOR_IS = "a bare Producer: produce() returned"
 _PADDING = b"." * (PAYLOAD_BYTES - 12)
 _POLL_EVERY = 1000
-_FULL_RETRY_S = 0.001
-_BUFFER_RETRY_S = 0.01
+SAFE_PRODUCER = {"acks": "all", "enable.idempotence": True, "compression.type": "lz4"}
+
+# The acknowledged rate is compared with each other lane's: lane -> (figure, what it is).
+RATE_FIGURES = {
+    WAIT_EACH: (
+        "acknowledged_rate_vs_producer_waiting_for_each_delivery",
+        "a Producer waiting for each delivery report",
+    ),
+    WAIT_LANE: (
+        f"acknowledged_rate_vs_producer_waiting_per_{WAIT_BATCH}",
+        f"a Producer waiting for delivery every {WAIT_BATCH} events",
+    ),
+    ANCHOR: (
+        "acknowledged_rate_vs_bare_producer",
+        "a bare Producer: produce() returned (loses its buffer)",
+    ),
+}
+
+Acked = Callable[[str], None]
 
 
 def value_of(sequence: int) -> bytes:
     return b"%012d" % sequence + _PADDING
 
 
-def producer_config(bootstrap: str) -> dict[str, object]:
+def safe_producer(bootstrap: str) -> Any:
     """A producer as users configure one for safety; librdkafka's defaults otherwise."""
-    return {
-        "bootstrap.servers": bootstrap,
-        "acks": "all",
-        "enable.idempotence": True,
-        "compression.type": "lz4",
-    }
+    return confluent_kafka.Producer({"bootstrap.servers": bootstrap, **SAFE_PRODUCER})
 
 
 def deliver_one(producer: Any, topic: str, value: bytes, event_id: str) -> str:
-    """Produce one event and wait for its delivery report: a child's first event, so the
-    measured loop starts connected (a bare idempotent producer's first delivery takes
-    about 0.5 s here), or the marker."""
+    """Produce one event and wait for its delivery report: a child's first, or the marker."""
     failures: list[object] = []
 
     def on_delivery(error: Any, _message: Any) -> None:
@@ -115,9 +106,7 @@ def deliver_one(producer: Any, topic: str, value: bytes, event_id: str) -> str:
     return event_id
 
 
-def run_spool(acked: Callable[[str], None], bootstrap: str, topic: str, directory: str) -> None:
-    """Acknowledged = `send()` returned; a full queue is retried after 1 ms."""
-    spool = Spool(directory, bootstrap)
+def run_spool(acked: Acked, spool: Spool, topic: str) -> NoReturn:
     send = spool.send
     first = send(topic, value_of(0))
     if spool.flush(READY_TIMEOUT_S):
@@ -131,18 +120,14 @@ def run_spool(acked: Callable[[str], None], bootstrap: str, topic: str, director
                 event_id = send(topic, value)
                 break
             except SpoolFullError:
-                time.sleep(_FULL_RETRY_S)
+                time.sleep(0.001)
         acked(event_id)
         sequence += 1
 
 
-def run_producer(acked: Callable[[str], None], bootstrap: str, topic: str) -> None:
-    """Acknowledged = `produce()` returned; BufferError is answered by poll(0.01), retry."""
-    producer: Any = confluent_kafka.Producer(producer_config(bootstrap))
+def run_producer(acked: Acked, producer: Any, topic: str, ids: EventIdGenerator) -> NoReturn:
     produce = producer.produce
     poll = producer.poll
-    ids = EventIdGenerator()
-    acked(deliver_one(producer, topic, value_of(0), ids.next_id()))
     sequence = 1
     while True:
         event_id = ids.next_id()
@@ -152,24 +137,22 @@ def run_producer(acked: Callable[[str], None], bootstrap: str, topic: str) -> No
                 produce(topic, value, headers=[("event_id", event_id)])
                 break
             except BufferError:
-                poll(_BUFFER_RETRY_S)
+                poll(0.01)
         acked(event_id)
         if not sequence % _POLL_EVERY:
             poll(0)
         sequence += 1
 
 
-def run_wait(acked: Callable[[str], None], bootstrap: str, topic: str, batch: int) -> None:
-    """Acknowledged = a delivery report without error, after `batch` produced and flush()."""
-    producer: Any = confluent_kafka.Producer(producer_config(bootstrap))
-    ids = EventIdGenerator()
+def run_wait(
+    acked: Acked, producer: Any, topic: str, ids: EventIdGenerator, batch: int
+) -> NoReturn:
     delivered: list[str] = []
 
     def on_delivery(event_id: str, error: Any, _message: Any) -> None:
         if error is None:
             delivered.append(event_id)
 
-    acked(deliver_one(producer, topic, value_of(0), ids.next_id()))
     sequence = 1
     while True:
         for _ in range(batch):
@@ -187,7 +170,8 @@ def run_wait(acked: Callable[[str], None], bootstrap: str, topic: str, batch: in
         delivered.clear()
 
 
-def child_main(argv: Sequence[str]) -> int:
+def child_main(argv: Sequence[str]) -> NoReturn:
+    """Run one lane until the parent kills it."""
     lane, ledger_path, bootstrap, topic, directory = argv
     writer = LedgerWriter(Path(ledger_path))
 
@@ -195,14 +179,13 @@ def child_main(argv: Sequence[str]) -> int:
         writer.append(event_id, topic)
 
     if lane == OURS:
-        run_spool(acked, bootstrap, topic, directory)
-    elif lane == ANCHOR:
-        run_producer(acked, bootstrap, topic)
-    elif lane.startswith(WAIT_LANE_PREFIX):
-        run_wait(acked, bootstrap, topic, int(lane.removeprefix(WAIT_LANE_PREFIX)))
-    else:
-        raise SystemExit(f"unknown lane {lane!r}")
-    return 0
+        run_spool(acked, Spool(directory, bootstrap), topic)
+    producer = safe_producer(bootstrap)
+    ids = EventIdGenerator()
+    acked(deliver_one(producer, topic, value_of(0), ids.next_id()))
+    if lane == ANCHOR:
+        run_producer(acked, producer, topic, ids)
+    run_wait(acked, producer, topic, ids, int(lane.removeprefix("wait-")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +212,13 @@ def lane_summary(ledgers: Sequence[KillLedger]) -> dict[str, float | int | None]
 def figures(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, object]]:
     """The secondary figures; each ratio is above 1 when the spool is ahead."""
     ours = summaries[OURS]
+    lost = lost_figure(
+        "sigkill_acknowledged_events_lost_per_kill",
+        ours["lost"],
+        summaries[ANCHOR]["lost"],
+        title="Acknowledged events lost per SIGKILL (median)",
+        anchor_is=ANCHOR_IS,
+    )
     rates = [
         figure(
             name,
@@ -238,33 +228,10 @@ def figures(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, object
             title="Acknowledged events/s until the SIGKILL",
             anchor_is=anchor_is,
         )
-        # Until a random kill: the spool's rate drops once its ring is full.
+        # The rate until a random kill is noisy.
         | {"tolerance": 0.6, "anchor_lost_per_kill": summaries[lane]["lost"]}
-        for lane, name, anchor_is in (
-            (
-                WAIT_EACH,
-                "acknowledged_rate_vs_producer_waiting_for_each_delivery",
-                "a Producer waiting for each delivery report",
-            ),
-            (
-                WAIT_LANE,
-                f"acknowledged_rate_vs_producer_waiting_per_{WAIT_BATCH}",
-                f"a Producer waiting for delivery every {WAIT_BATCH} events",
-            ),
-            (
-                ANCHOR,
-                "acknowledged_rate_vs_bare_producer",
-                "a bare Producer: produce() returned (loses its buffer)",
-            ),
-        )
+        for lane, (name, anchor_is) in RATE_FIGURES.items()
     ]
-    lost = lost_figure(
-        "sigkill_acknowledged_events_lost_per_kill",
-        ours["lost"],
-        summaries[ANCHOR]["lost"],
-        title="Acknowledged events lost per SIGKILL (median)",
-        anchor_is="a bare Producer: produce() returned",
-    )
     return [lost, *rates]
 
 
@@ -272,31 +239,26 @@ def one_kill(
     lane: str, repetition: int, bootstrap: str, scratch: Path, delay_s: float
 ) -> KillLedger:
     """Start the lane's child on a fresh topic, SIGKILL it `delay_s` after its first
-    acknowledgement (reopen and flush the spool lane's spool), write a marker after
-    everything the child will ever put in the topic, and read the topic up to it."""
+    acknowledgement, and tally what the topic holds against what it acknowledged."""
     topic = f"bench-kill-{lane}-{repetition}-{os.getpid()}"
     create_topic(bootstrap, topic, 1)
     directory = scratch / f"{lane}-{repetition}"
     directory.mkdir()
     ledger_path = directory / f"{lane}.ids"
     args = [lane, os.fspath(ledger_path), bootstrap, topic, str(directory / "spool")]
-    stderr = directory / f"{lane}.stderr"
-    child = Child.of_script(f"{lane} child", __file__, args, stderr).start()
+    child = Child.of_script(f"{lane} child", __file__, args, directory / f"{lane}.stderr").start()
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not (first := committed_lines(ledger_path)):
             if not child.alive() or time.monotonic() > deadline:
-                break
+                raise RuntimeError(f"{lane} child acknowledged nothing: {child.stderr_tail()}")
             time.sleep(0.001)
         started = time.perf_counter()
-        if first:
-            time.sleep(delay_s)
+        time.sleep(delay_s)
         last = committed_lines(ledger_path)
         window = time.perf_counter() - started
     finally:
         child.kill()
-    if not first:
-        raise RuntimeError(f"{lane} child acknowledged nothing: {child.stderr_tail()}")
     acknowledged = LedgerReader(directory, ledger_path.name)
     acknowledged.poll()
     backlog = None
@@ -306,9 +268,8 @@ def one_kill(
             if left := spool.flush(FLUSH_TIMEOUT_S):
                 raise RuntimeError(f"{left} spooled events not acknowledged in {FLUSH_TIMEOUT_S} s")
     time.sleep(SETTLE_S)
-    producer = confluent_kafka.Producer(producer_config(bootstrap))
-    marker = deliver_one(producer, topic, b"marker", EventIdGenerator().next_id())
-    seen = consume_topic(bootstrap, topic, marker, CONSUME_TIMEOUT_S)
+    marker = deliver_one(safe_producer(bootstrap), topic, b"marker", EventIdGenerator().next_id())
+    seen = consume_topic(bootstrap, topic, marker, timeout=300.0)
     return KillLedger(
         **asdict(tally(acknowledged.ids(topic), seen, ignore={marker})),
         lane=lane,
@@ -320,14 +281,9 @@ def one_kill(
 
 
 def run(args: BenchArgs) -> dict[str, object]:
-    seed_arg: int | None = args.namespace.seed
-    seed = seed_arg if seed_arg is not None else int.from_bytes(os.urandom(4), "little")
-    rng = random.Random(seed)
+    rng = random.Random()
     delay_range = QUICK_DELAY_S if args.quick else FULL_DELAY_S
-    progress(
-        f"{'quick' if args.quick else 'full'}: {args.repeats} kills per lane of {list(LANES)}, "
-        f"{delay_range[0]}-{delay_range[1]} s after the first acknowledgement; seed {seed}"
-    )
+    progress(f"{args.repeats} kills per lane, {delay_range} s after the first acknowledgement")
     ledgers: list[KillLedger] = []
     with Session(args, "kill") as session:
         bootstrap = session.broker().bootstrap_servers
@@ -338,20 +294,18 @@ def run(args: BenchArgs) -> dict[str, object]:
                 kill = one_kill(lane, rep, bootstrap, session.scratch, delay)
                 ledgers.append(kill)
                 progress(
-                    f"rep {rep + 1}/{args.repeats} {lane:9} killed after "
-                    f"{kill.kill_after_s:.2f} s: {kill.acknowledged:,} acknowledged, "
-                    f"{kill.lost:,} lost, {kill.duplicated:,} duplicated, "
-                    f"{kill.rate:,.0f} acknowledged/s"
+                    f"rep {rep + 1}/{args.repeats} {lane:9}: {kill.acknowledged:,} acknowledged, "
+                    f"{kill.lost:,} lost, {kill.rate:,.0f} acknowledged/s"
                 )
     summaries = {lane: lane_summary([k for k in ledgers if k.lane == lane]) for lane in LANES}
     return {
         **figure(
-            FIGURE,
+            "sigkill_acknowledged_delivered_fraction",
             summaries[OURS]["delivered_fraction"] or 0.0,
             summaries[ANCHOR]["delivered_fraction"] or 0.0,
             unit="fraction",
             title="Acknowledged events found in Kafka after a SIGKILL",
-            anchor_is="a bare Producer: produce() returned",
+            anchor_is=ANCHOR_IS,
         ),
         "random_anchor": True,
         "figures": figures(summaries),
@@ -363,10 +317,9 @@ def run(args: BenchArgs) -> dict[str, object]:
             "keys": None,
             "kill_delay_s": list(delay_range),
             "spool": compared_settings()["spool"],
-            "producer": producer_config("BOOTSTRAP"),
+            "producer": {"bootstrap.servers": "BOOTSTRAP", **SAFE_PRODUCER},
             "wait_batches": [1, WAIT_BATCH],
         },
-        "seed": seed,
         **session.provenance(),
     }
 
@@ -374,12 +327,7 @@ def run(args: BenchArgs) -> dict[str, object]:
 def main(argv: Sequence[str] | None = None) -> int:
     if (child_argv := child_arguments(argv)) is not None:
         return child_main(child_argv)
-
-    def extra(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--seed", type=int, help="seed of the kill delays")
-
-    description = "Acknowledged events lost to a SIGKILL: Spool.send() vs a bare Producer"
-    return bench_main(description, run, argv, extra)
+    return bench_main("Acknowledged events lost to a SIGKILL: Spool vs Producer", run, argv)
 
 
 if __name__ == "__main__":
