@@ -2,15 +2,15 @@
 
 Every event is keyless with the same 100-byte value, to a topic of 4 partitions. Each
 agent is `eventspool agent` as its own process on its defaults (durability process,
-32 MiB rings, reject when full), shipping to a tansu broker; a pass starts once the
-agent holds nothing unacknowledged. Passes are timed (`Profile`), those of a group
+queues of 4 MiB segments, reject when full), shipping to a tansu broker; a pass starts
+once the agent holds nothing unacknowledged. Passes are timed (`Profile`), those of a group
 alternate their order, each figure is the median over the repetitions, and every pass
 keeps the server's and the clients' CPU per event.
 
 - ours: one `Client` shared by 16 threads, each a `send()` loop, from their release to
   the last one's end; `send_async()` the same until every future resolved. Their floor,
   the hand-off ceiling: one CPython thread waking 16 others in turn, no I/O.
-- the anchor: `Spool.send()` in this process, one thread, 32 MiB rings, no sender.
+- the anchor: `Spool.send()` in this process, one thread, queues of at most 32 MiB, no sender.
 - caller processes (this script as its own child), connected beforehand to the agent
   and to a minimal epoll echo server in C (bench/harness/echo_server.c), run each pass
   together: every event over the union of their windows. 8 with their `Client` shared
@@ -77,7 +77,7 @@ PROCESSES = 8
 CALLER_PROCESSES = 16
 # Time for every client process to read its order and start its threads before a pass.
 PROCESS_LEAD_S = 0.05
-CAPACITY_BYTES = 32 * MIB  # the default ring capacity, of the agent and of the anchor
+CAPACITY_BYTES = 32 * MIB  # the anchor's queue maximum, and what a pass may fill
 ACCESS_RULES = 10
 ALLOWED_PATTERNS = 1000
 TCP_HOST = "127.0.0.1"
