@@ -18,9 +18,11 @@ CORE = Extension(
     sources=["src/eventspool/_core/native.pyx"],
     depends=[
         "src/eventspool/_core/bytes_util.h",
+        "src/eventspool/_core/fault_in.h",
         "src/eventspool/_core/delivery.pxi",
         "src/eventspool/_core/envelope.pxi",
         "src/eventspool/_core/handoff.pxi",
+        "src/eventspool/_core/mapped_file.pxi",
         "src/eventspool/_core/ids.pxi",
         "src/eventspool/_core/intake.pxi",
         "src/eventspool/_core/record.pxi",

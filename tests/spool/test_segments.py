@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from eventspool._core.native import RingCore
+from eventspool.clock import ManualClock
 from eventspool.config import FullPolicy, QueueSettings
 from eventspool.errors import CorruptQueueError, SpoolFullError
 from eventspool.spool.ring import RingQueue, create_file
 from eventspool.spool.segment_files import parse_segment_name, segment_path
 from eventspool.spool.segments import SegmentedQueue
-from eventspool.spool.spares import SPARES_AHEAD
+from eventspool.spool.spares import SPARES_KEPT, SPARES_MADE_AHEAD, SPARES_TRIM_S
 from tests.spool.segment_support import SEGMENT, Space, open_queue, segment_files
 
 PAYLOAD = b"x" * 1000  # 1032-byte frames: 63 fit in one segment
@@ -212,28 +213,32 @@ def test_a_version_1_ring_is_the_first_segment(tmp_path: Path) -> None:
         assert drain(queue) == list(range(5))
 
 
+def run_all(jobs: list[Callable[[], None]]) -> None:
+    while jobs:
+        jobs.pop(0)()
+
+
 def test_a_growing_queue_makes_its_next_segments_ahead_of_need(tmp_path: Path) -> None:
     """After the first chain, spares are made in the background; the next chains take
-    them (no file work on the writer's path); emptied segments are recycled as spares
-    while the backlog lasts; once it is gone the spares are deleted, so a queue at rest
-    is one file again."""
+    them (no file work on the writer's path); emptied
+    segments are recycled as spares while the backlog lasts; once it is gone the spares
+    are deleted, so a queue at rest is one file again."""
     jobs: list[Callable[[], None]] = []
     space = Space()
     with open_queue(tmp_path, segments=8, space=space, background=jobs.append) as queue:
         fill(queue.append, 64)
-        assert len(jobs) == SPARES_AHEAD
-        while jobs:
-            jobs.pop()()
-        assert spare_files(tmp_path) == [f"0.spare.{k + 1}" for k in range(SPARES_AHEAD)]
+        assert len(jobs) == SPARES_MADE_AHEAD
+        run_all(jobs)
+        assert spare_files(tmp_path) == [f"0.spare.{k + 1}" for k in range(SPARES_MADE_AHEAD)]
         assert queue.stats().allocated_bytes == space.used
-        spare_cores = [spare.ring.core for spare in queue._spares.ready]
+        last_made = queue._spares.ready[-1].ring.core
         fill(queue.append, 63)
-        assert queue.write_core in spare_cores
+        assert queue.write_core is last_made
         assert segment_files(tmp_path) == ["0.1.queue", "0.2.queue", "0.queue"]
-        assert len(spare_files(tmp_path)) == SPARES_AHEAD - 1 and len(jobs) == 1
-        jobs.pop()()
-        queue.ack(queue.read_batch(63, 1 << 30)[-1].seq)  # segment 0 emptied: all spares
-        assert len(spare_files(tmp_path)) == SPARES_AHEAD  # there already, so it is deleted
+        assert len(spare_files(tmp_path)) == SPARES_MADE_AHEAD - 1 and len(jobs) == 1
+        run_all(jobs)
+        queue.ack(queue.read_batch(63, 1 << 30)[-1].seq)  # segment 0 emptied: kept
+        assert len(spare_files(tmp_path)) == SPARES_MADE_AHEAD + 1
         assert drain(queue) == list(range(63, 127))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["0.2.queue"]
         assert space.used == queue.stats().allocated_bytes
@@ -249,10 +254,44 @@ def test_an_emptied_segment_is_recycled_while_the_backlog_lasts(tmp_path: Path) 
         jobs.clear()
         first = queue._segments[0].ring.core
         queue.ack(queue.read_batch(63, 1 << 30)[-1].seq)
-        assert spare_files(tmp_path) == [f"0.spare.{SPARES_AHEAD + 1}"]
+        assert spare_files(tmp_path) == [f"0.spare.{SPARES_MADE_AHEAD + 1}"]
         fill(queue.append, 63)
         assert queue.write_core is first and not first.sealed
         assert drain(queue) == list(range(63, 253))
+
+
+def test_a_backlog_keeps_as_many_spares_as_it_was_longer_until_they_go_unused(
+    tmp_path: Path,
+) -> None:
+    """Under a backlog that comes back, the segments it emptied are taken again rather
+    than made again; the ones no chain took for SPARES_TRIM_S are deleted."""
+    clock = ManualClock()
+    jobs: list[Callable[[], None]] = []
+    settings = QueueSettings(capacity_bytes=16 * SEGMENT, segment_bytes=SEGMENT)
+    space = Space()
+    with SegmentedQueue(
+        tmp_path, "0", settings, space, clock, max_payload=3000, background=jobs.append
+    ) as queue:
+        fill(queue.append, 8 * 63)
+        longest = queue.segments
+        jobs.clear()
+        while queue.segments > 2:
+            queue.ack(queue.read_batch(63, 1 << 30)[-1].seq)
+        assert len(queue._spares.ready) == longest - 2 > SPARES_KEPT
+        made = space.used
+        fill(queue.append, (longest - 3) * 63)  # the backlog comes back: nothing made
+        assert space.used == made and len(queue._spares.ready) == 1
+        while queue.segments > 2:
+            queue.ack(queue.read_batch(63, 1 << 30)[-1].seq)
+        assert len(queue._spares.ready) == longest - 2
+        clock.advance(SPARES_TRIM_S)
+        queue.ack(queue.read_batch(1, 1 << 30)[-1].seq)
+        assert len(queue._spares.ready) == longest - 3  # one was never taken meanwhile
+        clock.advance(SPARES_TRIM_S)
+        queue.ack(queue.read_batch(1, 1 << 30)[-1].seq)
+        assert len(queue._spares.ready) == SPARES_KEPT  # none was taken meanwhile
+        assert space.used == queue.stats().allocated_bytes
+        assert len(spare_files(tmp_path)) == SPARES_KEPT
 
 
 def test_a_writer_that_finds_no_spare_waits_for_the_one_being_made(tmp_path: Path) -> None:

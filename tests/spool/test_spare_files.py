@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -37,6 +38,38 @@ def test_a_mapped_ring_is_an_empty_ring_that_reopens_as_written(tmp_path: Path) 
             ring.append(f"event-{i}".encode(), timestamp_ms=i)
     with RingQueue.open(path, SETTINGS, create=False) as reopened:
         assert [r.payload for r in reopened.read_batch()] == [b"event-0", b"event-1", b"event-2"]
+
+
+def test_fault_in_makes_the_pages_writeback_cleaned_writable_again(tmp_path: Path) -> None:
+    """Once written back, a page is read-only in the mapping until a write faults; once
+    the thread of start_fault_in is done, writing every page faults no more, and nothing
+    was changed."""
+    path = tmp_path / "0.spare.1"
+    ring, _ = create_spare(path)
+    pages = (HEADER_SIZE + SEGMENT) // 4096
+    with ring:
+        ring.append(b"kept", timestamp_ms=1)
+        view = memoryview(ring._mm)  # the mapping RingCore writes through
+        written = bytes(view)
+
+        def faults_writing_each_page() -> int:
+            before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            for offset in range(0, len(view), 4096):
+                view[offset] = view[offset]
+            return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+
+        os.sync()
+        assert faults_writing_each_page() >= pages // 2
+        os.sync()
+        assert ring.core.start_fault_in()
+        ring.core.wait_fault_in()
+        assert faults_writing_each_page() <= 2
+        assert bytes(view) == written
+        assert ring.core.start_fault_in()
+        view.release()
+    assert not ring.core.start_fault_in()  # closed (after waiting for the last one)
+    with RingQueue.open(path, SETTINGS, create=False) as reopened:
+        assert [r.payload for r in reopened.read_batch()] == [b"kept"]
 
 
 def test_a_mapping_lends_its_bytes_and_unmaps_only_when_no_one_holds_them(

@@ -51,7 +51,7 @@ cdef class MappedFile:
         """
         cdef const char *name = PyBytes_AS_STRING(path)
         cdef const char *head = PyBytes_AS_STRING(header)
-        cdef Py_ssize_t head_size = PyBytes_GET_SIZE(header), offset
+        cdef Py_ssize_t head_size = PyBytes_GET_SIZE(header)
         cdef int fd, step = 0, error = 0
         cdef void *data = mman.MAP_FAILED
         cdef struct_stat info
@@ -75,10 +75,7 @@ cdef class MappedFile:
                         step, error = STEP_MAP, errno
                 if step == 0:
                     memcpy(data, head, head_size)
-                    offset = 0
-                    while offset < size:
-                        (<volatile char *>data)[offset] = (<volatile char *>data)[offset]
-                        offset += PAGE
+                    es_fault_in_writable(<char *>data, size)
                 else:
                     unistd.close(fd)
                     unistd.unlink(name)

@@ -37,6 +37,14 @@ ACK_NOTHING = 1
 ACK_NOT_HANDED_OUT = -4
 
 
+cdef extern from "fault_in.h":
+    ctypedef struct es_fault_in:
+        pass
+    void es_fault_in_writable(char *data, size_t size) nogil
+    void es_fault_in_join(es_fault_in *job) nogil
+    int es_fault_in_start(es_fault_in *job, char *data, size_t size) nogil
+
+
 cdef inline uint64_t _frame_size(uint64_t length) noexcept nogil:
     return (FRAME_HEADER + length + 7) & ~(<uint64_t>7)
 
@@ -66,6 +74,7 @@ cdef class RingCore:
     cdef public bint sealed
     cdef public bint drop_oldest
     cdef bint _fast
+    cdef es_fault_in _fault_in
 
     def __cinit__(
         self, mm, uint64_t capacity, tuple slot, uint64_t max_payload,
@@ -89,6 +98,7 @@ cdef class RingCore:
         self.writable = writable
 
     def __dealloc__(self):
+        es_fault_in_join(&self._fault_in)
         if self._has_view:
             PyBuffer_Release(&self._view)
         pthread_mutex_destroy(&self._lock)
@@ -423,6 +433,23 @@ cdef class RingCore:
         self._release()
         return seq
 
+    def start_fault_in(self) -> bool:
+        """Have the mapping faulted in writable by a thread that never takes the
+        interpreter lock (fault_in.h: why, and how), for a spare segment (spares.py);
+        whether one started (not while the last one runs, nor once closed)."""
+        cdef bint started
+        self._acquire()
+        started = self.writable and not self.closed and es_fault_in_start(
+            &self._fault_in, self._map, <size_t>self._view.len
+        )
+        self._release()
+        return started
+
+    def wait_fault_in(self) -> None:
+        """Wait for the thread start_fault_in started, if any (close waits for it too)."""
+        with nogil:
+            es_fault_in_join(&self._fault_in)
+
     def restart(self, uint64_t head_seq, uint64_t dropped, uint64_t skipped) -> None:
         """Make an empty ring start at `head_seq` with these totals: a spare segment
         prepared ahead of need becomes the queue's next one without a syscall."""
@@ -561,6 +588,8 @@ cdef class RingCore:
     def close(self) -> None:
         """Persist the read position (when writable) and let go of the mapping."""
         self._acquire()
+        with nogil:
+            es_fault_in_join(&self._fault_in)  # under the lock: none starts after it
         if not self.closed:
             self.closed = True
             if self.writable:

@@ -14,14 +14,11 @@ Crash safety, step by step:
 
 - chaining: seal (memory only), then either create `<q>.<n>.queue.tmp`, fallocate, write
   its header, rename (with an fsync of each for `fsync` queues); or, while a backlog
-  lasts, take a spare: a segment a background thread created under a spare name,
-  fallocated with its header (every page touched, nothing synced), or one the sender
-  emptied and that was recycled instead of deleted. Its header is rewritten through its
-  mapping to start at the sealed segment's end, and it is renamed (the directory
-  fsynced for `fsync` queues, whose appends' fdatasync then also writes back the
-  header). Creating a segment costs
-  several ms of syncs on a busy disk and a page fault per 4 KiB when first written,
-  about as long as filling a 4 MiB segment: spares take both off the writer's path.
+  lasts, take a spare (spares.py: made ahead, or emptied by the sender and kept), whose
+  header is rewritten through its mapping to start at the sealed segment's end, and
+  rename it (the directory fsynced for `fsync` queues, whose appends' fdatasync then
+  also writes back the header). Spares take a creation's syncs and page faults, about
+  as long as filling a 4 MiB segment, off the writer's path.
   Before the rename nothing changed (a `.tmp` or spare is removed at the next open);
   after it, the new segment is simply the newest and the one before it can receive
   nothing more, since only the newest segment is ever written. After a power cut (only
@@ -149,6 +146,8 @@ class SegmentedQueue:
             settings, capacity_bytes=self._segment_capacity, full_policy=policy
         )
         self._lock = threading.Lock()
+        self._reads = threading.Lock()  # one reader at a time copies records out (_read)
+        self._being_read: Segment | None = None
         # Writers waiting for room under `block`; ack() and deletions wake them.
         self._room = threading.Condition(self._lock)
         self._spares = Spares(
@@ -319,7 +318,8 @@ class SegmentedQueue:
             policy = self.settings.full_policy
             if policy is FullPolicy.DROP_OLDEST:
                 if len(self._segments) > 1:
-                    self._drop_oldest_segment()
+                    writer.core.add_counts(self._segments[0].ring.depth, 0)
+                    self._delete_oldest()
                 else:
                     # No room for a second segment (the budget): drop inside the ring.
                     writer.core.drop_oldest = True
@@ -365,7 +365,7 @@ class SegmentedQueue:
         self._segments.append(segment)
         if self._on_write_core is not None:
             self._on_write_core(segment.ring.core)
-        self._spares.want(self._room_for, self._has_backlog)
+        self._spares.want(len(self._segments), self._room_for, self._has_backlog)
         return True
 
     def _new_segment(self, path: Path, start: int) -> Segment | None:
@@ -399,17 +399,14 @@ class SegmentedQueue:
             segment.ring.path.unlink()
         self._space.removed(segment.allocated)
 
-    def _drop_oldest_segment(self) -> None:
-        oldest = self._segments[0]
-        self.writer.core.add_counts(oldest.ring.depth, 0)
-        self._delete_oldest()
-
     def _delete_oldest(self) -> None:
         """Delete the oldest segment (never the write segment), or keep it as a spare while
         the backlog lasts and spares are wanted; call with the lock held."""
         oldest = self._segments.pop(0)
         self._reading = max(0, self._reading - 1)
-        if not (len(self._segments) > 1 and not oldest.ring.depth and self._spares.recycle(oldest)):
+        chained = len(self._segments)
+        idle = not oldest.ring.depth and oldest is not self._being_read
+        if not (idle and chained > 1 and self._spares.recycle(oldest, chained)):
             self._delete(oldest)
         self._room.notify_all()
 
@@ -450,18 +447,32 @@ class SegmentedQueue:
         max_records: int,
         max_bytes: int,
     ) -> list[_Read]:
-        with self._lock:
-            if self._closed:
-                raise SpoolClosedError(f"queue {self.path} is closed")
+        """Copies records out without the queue's lock, which a chaining writer would wait
+        for; the segment being read is not recycled meanwhile (restarted as the newest,
+        it would hand out records ahead of the segments between)."""
+        with self._reads:
             while True:
-                batch = read(self._segments[self._reading].ring.core, max_records, max_bytes)
-                if batch or self._reading == len(self._segments) - 1:
-                    return batch
-                self._reading += 1  # a sealed segment read to its end
+                with self._lock:
+                    if self._closed:
+                        raise SpoolClosedError(f"queue {self.path} is closed")
+                    segment = self._being_read = self._segments[self._reading]
+                try:
+                    batch = read(segment.ring.core, max_records, max_bytes)
+                except ValueError:
+                    if not segment.ring.core.closed:
+                        raise
+                    continue  # deleted meanwhile (acknowledged, or dropped): read on
+                finally:
+                    self._being_read = None
+                with self._lock:
+                    if batch or segment is self._segments[-1]:
+                        return batch
+                    if segment is self._segments[self._reading]:
+                        self._reading += 1  # a sealed segment read to its end
 
     def rewind(self) -> None:
         """Hand out again every record not yet acknowledged (after a failed send)."""
-        with self._lock:
+        with self._reads, self._lock:
             for segment in self._segments:
                 segment.ring.rewind()
             self._reading = 0
@@ -488,11 +499,14 @@ class SegmentedQueue:
                 if up_to_seq < ring.next_seq:
                     break
             self._collect()
+            unused = self._spares.trim(self._clock.monotonic())
             if not self._single:
                 # Room may be back in the budget: let a full write segment chain again.
                 self.writer.core.drop_oldest = False
             if self.settings.full_policy is FullPolicy.BLOCK:
                 self._room.notify_all()
+        for spare in unused:
+            self._delete(spare)
 
     def _read_seq(self) -> int:
         return int(self._segments[self._reading].ring.core.read_seq)

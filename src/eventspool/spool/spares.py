@@ -2,11 +2,19 @@
 
 Creating a segment costs syncs and a page fault per 4 KiB when first written, about as
 long as filling it (segments.py tells the whole story). So once a queue has chained,
-a background thread makes up to SPARES_AHEAD segments ahead of need, every page
+a background thread makes up to SPARES_MADE_AHEAD segments ahead of need, every page
 touched and nothing synced, and segments the sender emptied are kept instead of
-deleted. A chaining queue takes one, restarts it at its sequence and renames it into
-the chain. A spare's name (`<q>.spare.<k>`) is not part of the chain: a crash leaves
-one that the next open removes.
+deleted. A chaining queue takes the one made ready last, restarts it at its sequence and
+renames it into the chain. A spare's name (`<q>.spare.<k>`) is not part of the chain: a
+crash leaves one that the next open removes.
+
+A page that writeback cleaned is read-only in the mapping again, so the first write to
+it faults, though it was touched before: after each chain, the next spare is faulted in
+writable by a compiled thread that never takes the interpreter lock
+(RingCore.start_fault_in), so that the writer does not fault once per 4 KiB (all of a
+recycled segment's pages, after a writeback). A job of the background thread did it
+too, but each time it needed the interpreter lock, the writer gave it up, and the
+sender's thread often had it next, for a switch interval.
 
 The writer holds the interpreter lock while it appends, so a thread that lets go of it
 waits up to a switch interval to have it back. A spare is therefore created, reserved,
@@ -31,12 +39,16 @@ from eventspool.spool.budget import SegmentSpace
 from eventspool.spool.ring import HEADER_SIZE, RingQueue, fsync_directory
 from eventspool.spool.segment_files import SPARE_SUFFIX, Segment
 
-# Spares a queue with a backlog keeps ready: four, as a creation can take longer than
-# the writer takes to fill a segment (each time the making thread needs the interpreter
-# lock back, it may wait a switch interval), and a backlog may grow faster than the
-# sender empties segments to recycle. In bench/enqueue.py's crossing lane the writer
-# found none ready at 17% of its chains with three, 10-12% with four.
-SPARES_AHEAD = 4
+# Spares a queue with a backlog keeps: segments the sender emptied, at least four and as
+# many as its chain held more segments at its longest during this backlog (it may grow
+# back to that, and a recycled segment is mapped with every page touched already), but
+# only two made ahead of need. A spare made while the sender was emptying segments came
+# before or after a recycled one, and one of the two was deleted again: a creation and a
+# deletion per chain, a page fault per 4 KiB each, on a core the writer needs.
+SPARES_KEPT = 4
+SPARES_MADE_AHEAD = 2
+# Recycled spares beyond SPARES_KEPT that no chain took for this long are deleted.
+SPARES_TRIM_S = 30.0
 # How long a writer that found no spare waits for one being made before it makes its own.
 SPARE_WAIT_S = 0.05
 # Runs a job on another thread (an executor's `submit`): where spare segments are made.
@@ -65,6 +77,9 @@ class Spares:
     ) -> None:
         self.ready: list[Segment] = []
         self._coming = 0
+        self._longest = 0  # the most segments the chain held during this backlog
+        self._fewest = 0  # the fewest spares ready since the last trim
+        self._trimmed_at: float | None = None
         self._names = 0
         self._directory = directory
         self._name = name
@@ -80,10 +95,12 @@ class Spares:
         self._delete = delete
 
     def take(self, path: Path, start: int, writer: RingCore) -> Segment | None:
-        """A spare, started at sequence `start` and renamed to `path`, if there is one."""
+        """A spare, started at sequence `start` and renamed to `path`, if there is one:
+        the one made ready last (the next one faulted in; the others unused, to trim)."""
         if not self.ready:
             return None
-        spare = self.ready.pop(0)
+        spare = self.ready.pop()
+        self._fewest = min(self._fewest, len(self.ready))
         spare.ring.core.restart(start, writer.dropped, writer.skipped)
         spare.ring.core.sealed = spare.ring.core.drop_oldest = False  # a recycled segment
         _rename(spare, path)
@@ -103,18 +120,24 @@ class Spares:
         self._arrived.wait(SPARE_WAIT_S)
         return True
 
-    def want(self, room_for: Callable[[int], bool], needed: Callable[[], bool]) -> None:
+    def want(
+        self, segments: int, room_for: Callable[[int], bool], needed: Callable[[], bool]
+    ) -> None:
         """Have segments made in the background, ahead of need, while a backlog grows.
 
-        `room_for(n)`: whether the queue's maximum leaves room for n more segments;
-        `needed()`, asked with the lock held once a spare is made: whether to keep it.
+        `segments`: how many the chain holds now; `room_for(n)`: whether the queue's
+        maximum leaves room for n more segments; `needed()`, asked with the lock held once
+        a spare is made: whether to keep it.
         """
+        self._longest = max(self._longest, segments)
         while self._background is not None and (
-            len(self.ready) + self._coming < SPARES_AHEAD
+            len(self.ready) + self._coming < SPARES_MADE_AHEAD
             and room_for(len(self.ready) + self._coming + 1)
         ):
             self._coming += 1
             self._background(functools.partial(self._make, self._path(), needed))
+        if self.ready:
+            self.ready[-1].ring.core.start_fault_in()  # the one the next chain takes
 
     def _path(self) -> Path:
         self._names += 1
@@ -131,7 +154,7 @@ class Spares:
         take milliseconds that a writer waiting to chain would otherwise wait too.
         """
         with self._lock:
-            if not needed() or len(self.ready) >= SPARES_AHEAD:
+            if not needed() or len(self.ready) >= SPARES_MADE_AHEAD:
                 self._coming -= 1
                 self._arrived.notify_all()
                 return
@@ -156,17 +179,18 @@ class Spares:
             self._arrived.notify_all()
             if spare is None:
                 return
-            if needed() and len(self.ready) < SPARES_AHEAD:
+            if needed() and len(self.ready) < SPARES_KEPT:
                 self.ready.append(spare)
                 return
         self._delete(spare)  # not needed any more, or recycled segments came first
 
-    def recycle(self, emptied: Segment) -> bool:
-        """Keep a segment the sender emptied as a spare, if spares are wanted; whether it
-        was kept (the caller deletes it otherwise)."""
+    def recycle(self, emptied: Segment, segments: int) -> bool:
+        """Keep a segment the sender emptied as a spare, if spares are wanted (`segments`:
+        how many the chain holds without it); whether it was kept (the caller deletes it
+        otherwise)."""
         if (
             self._background is None
-            or len(self.ready) >= SPARES_AHEAD
+            or len(self.ready) >= max(SPARES_KEPT, self._longest - segments)
             or emptied.ring.capacity != self._segment_capacity
         ):
             return False
@@ -175,9 +199,24 @@ class Spares:
         self._arrived.notify_all()
         return True
 
+    def trim(self, now: float) -> list[Segment]:
+        """Spares beyond SPARES_KEPT that no chain took for SPARES_TRIM_S (a backlog that
+        was longer once): the caller deletes them once it let go of the queue's lock."""
+        if self._trimmed_at is None:
+            self._trimmed_at, self._fewest = now, len(self.ready)
+        if now - self._trimmed_at < SPARES_TRIM_S:
+            return []
+        unused = max(0, min(self._fewest, len(self.ready) - SPARES_KEPT))
+        trimmed = self.ready[:unused]  # the bottom of the stack: take() pops the top
+        del self.ready[:unused]
+        self._longest -= len(trimmed)
+        self._fewest, self._trimmed_at = len(self.ready), now
+        return trimmed
+
     def drop(self) -> None:
         """Delete the spares: the backlog is gone, or the queue closed."""
         self._arrived.notify_all()
+        self._longest, self._trimmed_at = 0, None
         while self.ready:
             self._delete(self.ready.pop())
 
