@@ -4,7 +4,10 @@ Each lane runs in its own `python -m harness.instructions LANE EVENTS [BOOTSTRAP
 callgrind, which dumps its counters whenever `getppid` is entered. The lane calls
 `os.getppid()` right before and after its measured loop, so the second dump holds the
 loop alone (no start-up, imports or warm-up): its instruction count over the events is
-the figure. Every thread of the process is counted, librdkafka's included.
+the figure. Every thread of the process is counted, librdkafka's included. The cyclic
+garbage collector is off during the loop, as timeit does: whether a collection fell
+inside it, walking the harness's own objects, depended on what the harness allocated
+before, and moved a lane by up to 30 instructions per event.
 
 Lanes: `send` (`Spool.send()` of keyless 100-byte values, durability process, 4
 partitions), `send_crossing` (the same into one partition, whose 4 MiB segments fill and
@@ -15,6 +18,7 @@ idempotent producer doing the same with a delivery callback, as bench/e2e.py's a
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
@@ -100,6 +104,7 @@ def _count(lane: str, events: int, bootstrap: str | None) -> int:
 
 
 def _measured(loop: Callable[[], None]) -> None:
+    gc.disable()  # as timeit does: see the module docstring
     os.getppid()
     loop()
     os.getppid()
