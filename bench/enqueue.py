@@ -17,7 +17,7 @@ ring does), probed at the start of each fsync repetition. Instructions per event
 callgrind (harness.instructions) of `send()` and `produce()` keyless, and of `send()` into
 one partition whose 4 MiB segments chain. Crossing lane: keyless sends to one partition
 of 4 MiB segments while a drainer thread keeps two segments of backlog (a new segment
-every ~26k events), against the same on one 256 MiB segment.
+every ~26k events), against the same on one 256 MiB segment, the two taking turns first.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from harness.cli import BenchArgs, bench_main
 from harness.figures import figure
 from harness.output import progress
 from harness.rings import empty_rings, expect_emptied, fitting_events
-from harness.runs import Runs, latency_summary_us, safe_ratio
+from harness.runs import Runs, alternate, latency_summary_us, safe_ratio
 from harness.session import Session
 from harness.threads import run_together
 
@@ -282,7 +282,7 @@ def crossing_lanes(directory: Path, profile: Profile, repeats: int, runs: Runs) 
                 run_pass(spool.send, keys, timed=False)
                 drain_excess(spool, keep)
         for rep in range(repeats):
-            for name, spool in spools.items():
+            for name, spool in alternate(rep, list(spools.items())):
                 stop = threading.Event()
                 drainer = threading.Thread(target=drain_until, args=(spool, keep, stop))
                 drainer.start()
