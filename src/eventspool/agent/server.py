@@ -122,10 +122,17 @@ class AgentServer:
         }
 
     async def start(self) -> None:
-        """Listen on the socket path; a stale socket file of a dead agent is replaced."""
+        """Listen on TCP if configured, then on the socket path (a stale socket file of a
+        dead agent is replaced): once the socket file is there, every listener is up."""
+        loop = asyncio.get_running_loop()
+        if self.tcp_listen is not None:
+            host, port = self.tcp_listen
+            factory: type[FrameConnection | Handshake] = (
+                FrameConnection if self.tls is None else Handshake
+            )
+            self._servers.append(await loop.create_server(lambda: factory(self), host, port))
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)
-        loop = asyncio.get_running_loop()
         old_umask = os.umask(0o777 & ~self.socket_mode)
         try:
             unix = await loop.create_unix_server(
@@ -135,12 +142,6 @@ class AgentServer:
             os.umask(old_umask)
         os.chmod(self.socket_path, self.socket_mode)
         self._servers.append(unix)
-        if self.tcp_listen is not None:
-            host, port = self.tcp_listen
-            factory: type[FrameConnection | Handshake] = (
-                FrameConnection if self.tls is None else Handshake
-            )
-            self._servers.append(await loop.create_server(lambda: factory(self), host, port))
 
     async def stop(self) -> None:
         """Stop accepting connections, answer what is being processed, close the rest."""
