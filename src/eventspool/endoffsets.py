@@ -27,6 +27,24 @@ TopicPartitionKey = tuple[str, int]
 StopAt = Callable[[TopicPartitionKey, Any], bool]
 
 _POLL_S = 0.1
+# Answers that mean the partition's leader is moving or briefly out of reach: asked again,
+# waiting 50 ms, then twice as long each time up to a second, until the caller's deadline.
+_LEADER_MOVING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.BROKER_NOT_AVAILABLE,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
+_FIRST_RETRY_S = 0.05
+_LAST_RETRY_S = 1.0
 # Settings a probe copies from the caller's: where the brokers are and how to reach them.
 _CONNECTION_PREFIXES = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.")
 
@@ -68,7 +86,7 @@ def true_end_offsets(
         ends: dict[TopicPartitionKey, int] = {}
         starts: dict[TopicPartitionKey, int] = {}
         for topic, partition in partitions:
-            low, high = _watermarks(consumer, topic, partition, deadline)
+            low, high = watermarks(consumer, topic, partition, deadline)
             ends[(topic, partition)] = high
             if high > low:
                 starts[(topic, partition)] = high - 1
@@ -99,14 +117,27 @@ def scan(
         consumer.close()
 
 
-def _watermarks(consumer: Any, topic: str, partition: int, deadline: float) -> tuple[int, int]:
-    try:
-        low, high = consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=max(deadline - time.monotonic(), 0.1)
-        )
-    except KafkaException as exc:
-        raise EndOffsetsError(f"no offsets for {topic}/{partition}: {exc}") from exc
-    return int(low), int(high)
+def watermarks(consumer: Any, topic: str, partition: int, deadline: float) -> tuple[int, int]:
+    """The partition's low and high watermarks, asked again while its leader is moving.
+
+    librdkafka sends ListOffsets to the leader it knows and fails the call with the
+    broker's "not leader" instead of asking the new one, so a leader move or a broker
+    down would fail a caller for what is a normal case on a cluster.
+    """
+    pause = _FIRST_RETRY_S
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=max(deadline - time.monotonic(), 0.1)
+            )
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = exc.args[0]
+            passes = isinstance(error, KafkaError) and error.code() in _LEADER_MOVING
+            if not passes or time.monotonic() + pause > deadline:
+                raise EndOffsetsError(f"no offsets for {topic}/{partition}: {exc}") from exc
+        time.sleep(pause)
+        pause = min(pause * 2, _LAST_RETRY_S)
 
 
 def _read(

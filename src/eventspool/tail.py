@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, TopicPartition
 
-from eventspool.endoffsets import probe_config, true_end_offsets
+from eventspool.endoffsets import probe_config, true_end_offsets, watermarks
 from eventspool.kafkalog import librdkafka_logger
 from eventspool.topics import METADATA_TIMEOUT_S, TopicError, partitions_of
 
@@ -117,10 +117,7 @@ def read(
 
 def _low(consumer: Any, topic: str, partition: int) -> int:
     """The first offset the partition still holds (retention may have deleted the rest)."""
-    low, _ = consumer.get_watermark_offsets(
-        TopicPartition(topic, partition), timeout=METADATA_TIMEOUT_S
-    )
-    return int(low)
+    return watermarks(consumer, topic, partition, time.monotonic() + METADATA_TIMEOUT_S)[0]
 
 
 def _records(

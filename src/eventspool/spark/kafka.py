@@ -23,7 +23,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from eventspool.endoffsets import EndOffsetsError, scan, true_end_offsets
+from eventspool.endoffsets import EndOffsetsError, scan, true_end_offsets, watermarks
 from eventspool.spark.extra import SparkExtraMissingError
 
 try:
@@ -131,12 +131,11 @@ class OffsetReader:
 
     def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
         try:
-            low, high = self._client().get_watermark_offsets(
-                KafkaTopicPartition(tp.topic, tp.partition), timeout=_METADATA_TIMEOUT_S
+            return watermarks(
+                self._client(), tp.topic, tp.partition, time.monotonic() + _METADATA_TIMEOUT_S
             )
-        except KafkaException as exc:
-            raise KafkaSourceError(f"no offsets for {tp}: {exc}") from exc
-        return int(low), int(high)
+        except EndOffsetsError as exc:
+            raise KafkaSourceError(str(exc)) from exc
 
     def earliest(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return {tp: self._watermarks(tp)[0] for tp in tps}
@@ -276,9 +275,12 @@ def _messages(options: SourceOptions, offset_range: OffsetRange) -> Iterator[lis
         return
     consumer: Any = Consumer(consumer_config(options))
     try:
-        low, _ = consumer.get_watermark_offsets(
-            KafkaTopicPartition(tp.topic, tp.partition), timeout=_METADATA_TIMEOUT_S
-        )
+        try:
+            low, _ = watermarks(
+                consumer, tp.topic, tp.partition, time.monotonic() + _METADATA_TIMEOUT_S
+            )
+        except EndOffsetsError as exc:
+            raise KafkaSourceError(str(exc)) from exc
         begin = offset_range.from_offset
         if begin < low:
             _data_loss(options, f"{tp}: offsets {begin}..{min(low, until)} were deleted")

@@ -1,0 +1,46 @@
+"""The end-offsets probe on a 3-broker cluster: a leader that moved, or a broker that
+answers "not leader" for a while, delays the answer and never fails it (the Spark source's
+`latestOffset` and the consumer's lag ask it while leaders move)."""
+
+from __future__ import annotations
+
+import uuid
+
+from confluent_kafka import KafkaError, Producer
+
+from eventspool.broker.mock import ApiKey, MockCluster
+from eventspool.endoffsets import true_end_offsets
+
+PARTITIONS = 3
+
+
+def _filled(cluster: MockCluster, per_partition: int) -> str:
+    topic = f"ends-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, PARTITIONS, 3)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap_servers})
+    for partition in range(PARTITIONS):
+        for index in range(per_partition):
+            producer.produce(topic, b"%d" % index, partition=partition)
+    assert producer.flush(30) == 0
+    return topic
+
+
+def test_ends_are_read_through_not_leader_answers(cluster: MockCluster) -> None:
+    topic = _filled(cluster, 5)
+    cluster.push_request_errors(
+        ApiKey.LIST_OFFSETS,
+        [KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE] * 2,
+    )
+    kafka = {"bootstrap.servers": cluster.bootstrap_servers}
+    ends = true_end_offsets(kafka, [(topic, p) for p in range(PARTITIONS)], timeout=20)
+    assert ends == {(topic, p): 5 for p in range(PARTITIONS)}
+
+
+def test_ends_are_read_after_every_leader_moved(cluster: MockCluster) -> None:
+    topic = _filled(cluster, 4)
+    kafka = {"bootstrap.servers": cluster.bootstrap_servers}
+    assert true_end_offsets(kafka, [(topic, 0)]) == {(topic, 0): 4}
+    for partition in range(PARTITIONS):
+        cluster.set_leader(topic, partition, (partition + 1) % 3 + 1)
+    ends = true_end_offsets(kafka, [(topic, p) for p in range(PARTITIONS)], timeout=20)
+    assert ends == {(topic, p): 4 for p in range(PARTITIONS)}
