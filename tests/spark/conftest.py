@@ -4,6 +4,7 @@ per test session, and helpers that put records into the real broker."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -30,7 +31,9 @@ SPARK_COMMAND_MARKS = [pytest.mark.slow, pytest.mark.spark]
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    session = build_session(SPARK_MASTER, "eventspool-tests")
+    # The executors' JVMs get the drivers' options (set in tests/conftest.py).
+    executors = {"spark.executor.defaultJavaOptions": os.environ.get("SPARK_SUBMIT_OPTS", "")}
+    session = build_session(SPARK_MASTER, "eventspool-tests", executors)
     yield session
     session.stop()
 
