@@ -9,6 +9,9 @@ end. On a correct broker the same read returns one record and changes nothing.
 One probe for every reader of ends: the consumer's lag, `eventspool.verify`, the soak
 and the Spark source's `latestOffset`. Nothing is cached: a topic deleted and recreated
 between two looks can show the same watermarks with a different end.
+
+The offset lookups every reader makes (watermarks, offsets for a time) are here too, so
+that each is asked again while a partition's leader moves, in one place.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -25,6 +28,7 @@ from eventspool.errors import EventspoolError
 TopicPartitionKey = tuple[str, int]
 #: Says, for a record read by `scan`, that its partition has been read far enough.
 StopAt = Callable[[TopicPartitionKey, Any], bool]
+_Answer = TypeVar("_Answer")
 
 _POLL_S = 0.1
 # Answers that mean the partition's leader is moving or briefly out of reach: asked again,
@@ -118,7 +122,41 @@ def scan(
 
 
 def watermarks(consumer: Any, topic: str, partition: int, deadline: float) -> tuple[int, int]:
-    """The partition's low and high watermarks, asked again while its leader is moving.
+    """The partition's low and high watermarks, asked again while its leader is moving."""
+
+    def ask(timeout: float) -> tuple[int, int]:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=timeout
+        )
+        return int(low), int(high)
+
+    return _while_leaders_move(ask, f"{topic}/{partition}", deadline)
+
+
+def offsets_for_time(
+    consumer: Any, partitions: Iterable[TopicPartitionKey], timestamp_ms: int, deadline: float
+) -> dict[TopicPartitionKey, int]:
+    """Per partition, the first offset whose timestamp is at least `timestamp_ms`, or a
+    negative offset where every record is older; asked again while a leader is moving.
+
+    librdkafka fails the whole call, or reports one partition's failed lookup inside its
+    answer; read as an offset, such an error would say "every record is older" and a
+    query would skip the data.
+    """
+    wanted = [TopicPartition(topic, partition, timestamp_ms) for topic, partition in partitions]
+
+    def ask(timeout: float) -> dict[TopicPartitionKey, int]:
+        answers = consumer.offsets_for_times(wanted, timeout=timeout)
+        for answer in answers:
+            if answer.error is not None:
+                raise KafkaException(answer.error)
+        return {(answer.topic, answer.partition): int(answer.offset) for answer in answers}
+
+    return _while_leaders_move(ask, f"timestamp {timestamp_ms}", deadline)
+
+
+def _while_leaders_move(ask: Callable[[float], _Answer], what: str, deadline: float) -> _Answer:
+    """`ask(timeout)`, again while the answer says a leader is moving, until `deadline`.
 
     librdkafka sends ListOffsets to the leader it knows and fails the call with the
     broker's "not leader" instead of asking the new one, so a leader move or a broker
@@ -127,15 +165,12 @@ def watermarks(consumer: Any, topic: str, partition: int, deadline: float) -> tu
     pause = _FIRST_RETRY_S
     while True:
         try:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=max(deadline - time.monotonic(), 0.1)
-            )
-            return int(low), int(high)
+            return ask(max(deadline - time.monotonic(), 0.1))
         except KafkaException as exc:
             error = exc.args[0]
-            passes = isinstance(error, KafkaError) and error.code() in _LEADER_MOVING
-            if not passes or time.monotonic() + pause > deadline:
-                raise EndOffsetsError(f"no offsets for {topic}/{partition}: {exc}") from exc
+            moving = isinstance(error, KafkaError) and error.code() in _LEADER_MOVING
+            if not moving or time.monotonic() + pause > deadline:
+                raise EndOffsetsError(f"no offsets for {what}: {exc}") from exc
         time.sleep(pause)
         pause = min(pause * 2, _LAST_RETRY_S)
 

@@ -1,15 +1,17 @@
-"""The end-offsets probe on a 3-broker cluster: a leader that moved, or a broker that
-answers "not leader" for a while, delays the answer and never fails it (the Spark source's
-`latestOffset` and the consumer's lag ask it while leaders move)."""
+"""The end-offsets probe and the lookup by time on a 3-broker cluster: a leader that
+moved, or a broker that answers "not leader" for a while, delays the answer and never
+fails it (the Spark source's `latestOffset` and `startingTimestamp`, and the consumer's
+lag, ask while leaders move)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, Producer
 
 from eventspool.broker.mock import ApiKey, MockCluster
-from eventspool.endoffsets import true_end_offsets
+from eventspool.endoffsets import offsets_for_time, probe_config, true_end_offsets
 
 PARTITIONS = 3
 
@@ -44,3 +46,20 @@ def test_ends_are_read_after_every_leader_moved(cluster: MockCluster) -> None:
         cluster.set_leader(topic, partition, (partition + 1) % 3 + 1)
     ends = true_end_offsets(kafka, [(topic, p) for p in range(PARTITIONS)], timeout=20)
     assert ends == {(topic, p): 4 for p in range(PARTITIONS)}
+
+
+def test_offsets_for_a_time_are_read_through_not_leader_answers(cluster: MockCluster) -> None:
+    """The mock looks up no real time, so the lookup asks for time -1, which Kafka reads
+    as the end of the log."""
+    topic = _filled(cluster, 5)
+    cluster.push_request_errors(
+        ApiKey.LIST_OFFSETS,
+        [KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE] * 2,
+    )
+    consumer = Consumer(probe_config({"bootstrap.servers": cluster.bootstrap_servers}))
+    try:
+        wanted = [(topic, p) for p in range(PARTITIONS)]
+        offsets = offsets_for_time(consumer, wanted, -1, time.monotonic() + 20)
+    finally:
+        consumer.close()
+    assert offsets == {(topic, p): 5 for p in range(PARTITIONS)}

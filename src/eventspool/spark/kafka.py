@@ -23,7 +23,13 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from eventspool.endoffsets import EndOffsetsError, scan, true_end_offsets, watermarks
+from eventspool.endoffsets import (
+    EndOffsetsError,
+    offsets_for_time,
+    scan,
+    true_end_offsets,
+    watermarks,
+)
 from eventspool.spark.extra import SparkExtraMissingError
 
 try:
@@ -158,21 +164,22 @@ class OffsetReader:
     ) -> dict[TopicPartition, int | None]:
         """The first offset whose record timestamp is at least `timestamp_ms`, per
         partition; None where every record is older."""
-        wanted = [KafkaTopicPartition(tp.topic, tp.partition, timestamp_ms) for tp in tps]
+        wanted = [(tp.topic, tp.partition) for tp in tps]
         if not wanted:
             return {}
+        deadline = time.monotonic() + _METADATA_TIMEOUT_S
         try:
-            answers = self._client().offsets_for_times(wanted, timeout=_METADATA_TIMEOUT_S)
-        except KafkaException as exc:
-            raise KafkaSourceError(f"no offsets for timestamp {timestamp_ms}: {exc}") from exc
+            answers = offsets_for_time(self._client(), wanted, timestamp_ms, deadline)
+        except EndOffsetsError as exc:
+            raise KafkaSourceError(str(exc)) from exc
         result: dict[TopicPartition, int | None] = {}
         starts: dict[TopicPartition, int] = {}
-        for answer in answers:
-            tp = TopicPartition(answer.topic, answer.partition)
-            if answer.offset < 0:
+        for key, offset in answers.items():
+            tp = TopicPartition(*key)
+            if offset < 0:
                 result[tp] = None
             else:
-                starts[tp] = max(answer.offset, self._watermarks(tp)[0])
+                starts[tp] = max(offset, self._watermarks(tp)[0])
         found: dict[TopicPartition, int] = {}
 
         def late_enough(tp: TopicPartition, message: Any) -> bool:
