@@ -135,16 +135,8 @@ class OffsetReader:
             for number in topic.partitions
         )
 
-    def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
-        try:
-            return watermarks(
-                self._client(), tp.topic, tp.partition, time.monotonic() + _METADATA_TIMEOUT_S
-            )
-        except EndOffsetsError as exc:
-            raise KafkaSourceError(str(exc)) from exc
-
     def earliest(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: self._watermarks(tp)[0] for tp in tps}
+        return {tp: _low(self._client(), tp) for tp in tps}
 
     def latest(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The exact next offset after the last record of each partition."""
@@ -179,7 +171,7 @@ class OffsetReader:
             if offset < 0:
                 result[tp] = None
             else:
-                starts[tp] = max(offset, self._watermarks(tp)[0])
+                starts[tp] = max(offset, _low(self._client(), tp))
         found: dict[TopicPartition, int] = {}
 
         def late_enough(tp: TopicPartition, message: Any) -> bool:
@@ -200,6 +192,16 @@ class OffsetReader:
         for tp in starts:
             result[tp] = found.get(tp)
         return result
+
+
+def _low(consumer: Any, tp: TopicPartition) -> int:
+    """The partition's first offset, asked again while its leader moves."""
+    try:
+        return watermarks(consumer, tp.topic, tp.partition, time.monotonic() + _METADATA_TIMEOUT_S)[
+            0
+        ]
+    except EndOffsetsError as exc:
+        raise KafkaSourceError(str(exc)) from exc
 
 
 def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
@@ -282,12 +284,7 @@ def _messages(options: SourceOptions, offset_range: OffsetRange) -> Iterator[lis
         return
     consumer: Any = Consumer(consumer_config(options))
     try:
-        try:
-            low, _ = watermarks(
-                consumer, tp.topic, tp.partition, time.monotonic() + _METADATA_TIMEOUT_S
-            )
-        except EndOffsetsError as exc:
-            raise KafkaSourceError(str(exc)) from exc
+        low = _low(consumer, tp)
         begin = offset_range.from_offset
         if begin < low:
             _data_loss(options, f"{tp}: offsets {begin}..{min(low, until)} were deleted")
