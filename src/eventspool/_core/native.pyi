@@ -7,6 +7,7 @@ fails on any name, signature or class property here that the runtime does not ha
 
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
+from enum import IntEnum
 from typing import Any, Self, final, type_check_only
 from uuid import UUID
 
@@ -197,7 +198,36 @@ def intake_send(
     body: bytes,
     fallback: Callable[[str, bytes | None, bytes | None], tuple[int, bytes]],
 ) -> tuple[bytes, int] | None: ...
+def intake_frames(
+    front: SpoolFront,
+    data: bytes,
+    max_frame: int,
+    inline: set[bytes],
+    fallback: Callable[[str, bytes | None, bytes | None], tuple[int, bytes]],
+) -> tuple[bytes, int, int]: ...
 def decode_results(body: bytes) -> list[str | tuple[int, str]]: ...
+
+FRAME_FAULT_NONE: int
+FRAME_FAULT_TOO_LARGE: int
+FRAME_FAULT_TOO_SMALL: int
+FRAME_FAULT_UNKNOWN_TYPE: int
+
+@disjoint_base
+class Frame:
+    # An eventspool.wire.protocol.FrameType, which this layer does not import.
+    @property
+    def type(self) -> Any: ...
+    @property
+    def request_id(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    def __init__(self, type: Any, request_id: int, body: bytes) -> None: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+def split_frames(
+    data: bytes | bytearray, max_frame: int, types: tuple[IntEnum | None, ...], frames: list[Frame]
+) -> tuple[int, int, int]: ...
 def encode_wire_event(
     value: bytes | None,
     key: bytes | None,

@@ -8,8 +8,8 @@ retries, routing decisions and metrics. What is here frames records into the rin
 (envelope.pxi), makes event ids (ids.pxi), hashes keys and picks partitions (route.pxi),
 and feeds drained batches to librdkafka and accounts their delivery reports
 (delivery.pxi); it also writes the agent's SEND frames straight into the rings
-(intake.pxi), encodes a client's events for those frames (wire.pxi), packs the
-consumer's key-ordered records for its workers (transfer.pxi), hands them over in shared
+(intake.pxi), cuts the wire's byte stream into frames (frames.pxi), encodes a client's
+events for those frames (wire.pxi), packs the consumer's key-ordered records for its workers (transfer.pxi), hands them over in shared
 memory (handoff.pxi) and builds the Records its handlers get (record.pxi). The formats
 are written out at the top of eventspool/spool/ring.py and eventspool/envelope.py; the
 golden-bytes tests check this code against them, not against itself.
@@ -27,6 +27,7 @@ cimport posix.unistd as unistd
 from cpython.buffer cimport (
     PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer,
 )
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
 from libc.errno cimport errno
@@ -156,6 +157,7 @@ include "mapped_file.pxi"
 include "route.pxi"
 include "delivery.pxi"
 include "intake.pxi"
+include "frames.pxi"
 include "wire.pxi"
 include "transfer.pxi"
 include "record.pxi"

@@ -68,6 +68,9 @@ from enum import IntEnum
 
 from eventspool._core.native import (
     EVENT_ID_SIZE,
+    FRAME_FAULT_NONE,
+    FRAME_FAULT_TOO_LARGE,
+    FRAME_FAULT_TOO_SMALL,
     WIRE_FLAG_EVENT_ID,
     WIRE_FLAG_HEADERS,
     WIRE_FLAG_KEY,
@@ -77,6 +80,10 @@ from eventspool._core.native import (
     WIRE_SEND_RESULT,
     WIRE_STATUS_OK,
     encode_wire_event,
+    split_frames,
+)
+from eventspool._core.native import (
+    Frame as CompiledFrame,
 )
 from eventspool.envelope import HeaderList
 from eventspool.errors import EventspoolError
@@ -143,7 +150,13 @@ class Status(IntEnum):
     FORBIDDEN = 11
 
 
-_FRAME_TYPES = {member.value: member for member in FrameType}
+# The frame type of every byte value; None for those the protocol does not know.
+# One frame with its length stripped, its body not parsed yet: compiled, since both ends
+# make one per request (the frames.pxi of the compiled core).
+Frame = CompiledFrame
+
+_KNOWN_TYPES = {member.value: member for member in FrameType}
+_FRAME_TYPES = tuple(_KNOWN_TYPES.get(raw) for raw in range(256))
 _STATUSES = {member.value: member for member in Status}
 
 
@@ -156,15 +169,6 @@ class ProtocolError(EventspoolError):
 
 class FrameTooLargeError(ProtocolError):
     """A length prefix above the maximum frame size; raised before the body is read."""
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One frame with its length stripped; the body is not parsed yet."""
-
-    type: FrameType
-    request_id: int
-    body: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,54 +251,34 @@ class FrameDecoder:
         """
         if self._failed is not None:
             raise ProtocolError(f"decoder already failed: {self._failed}")
-        if self._buffer:
-            self._buffer += data
-            source: bytes | bytearray = self._buffer
+        buffer = self._buffer
+        if buffer:
+            buffer += data
+            source: bytes | bytearray = buffer
         else:
             source = data
         frames: list[Frame] = []
-        try:
-            with memoryview(source) as view:
-                pos = self._parse(view, frames)
-                rest = None if source is self._buffer else bytes(view[pos:])
-        except ProtocolError as exc:
-            self._failed = exc
+        pos, fault, value = split_frames(source, self._max_frame, _FRAME_TYPES, frames)
+        if fault != FRAME_FAULT_NONE:
+            self._failed = self._fault(fault, value)
             self._buffer = bytearray()
-            raise
-        if rest is None:
-            del self._buffer[:pos]
-        else:
-            self._buffer = bytearray(rest)
+            raise self._failed
+        if source is buffer:
+            del buffer[:pos]
+        elif pos < len(data):
+            self._buffer = bytearray(memoryview(data)[pos:])
         return frames
 
-    def _parse(self, view: memoryview, frames: list[Frame]) -> int:
-        """Append every whole frame in `view` to `frames`; return the bytes consumed."""
-        size = len(view)
-        pos = 0
-        while size - pos >= _LENGTH.size:
-            (length,) = _LENGTH.unpack_from(view, pos)
-            if length > self._max_frame:
-                raise FrameTooLargeError(
-                    f"frame length {length} exceeds the maximum of {self._max_frame} bytes"
-                )
-            if length < _MIN_LENGTH:
-                raise ProtocolError(
-                    f"frame length {length} is below the minimum of {_MIN_LENGTH} "
-                    f"(type and request id)"
-                )
-            if size - pos <= _LENGTH.size:
-                break
-            raw_type = view[pos + _LENGTH.size]
-            frame_type = _FRAME_TYPES.get(raw_type)
-            if frame_type is None:
-                raise ProtocolError(f"unknown frame type 0x{raw_type:02x}")
-            end = pos + _LENGTH.size + length
-            if end > size:
-                break
-            _, _, request_id = FRAME_HEADER.unpack_from(view, pos)
-            frames.append(Frame(frame_type, request_id, bytes(view[pos + HEADER_SIZE : end])))
-            pos = end
-        return pos
+    def _fault(self, fault: int, value: int) -> ProtocolError:
+        if fault == FRAME_FAULT_TOO_LARGE:
+            return FrameTooLargeError(
+                f"frame length {value} exceeds the maximum of {self._max_frame} bytes"
+            )
+        if fault == FRAME_FAULT_TOO_SMALL:
+            return ProtocolError(
+                f"frame length {value} is below the minimum of {_MIN_LENGTH} (type and request id)"
+            )
+        return ProtocolError(f"unknown frame type 0x{value:02x}")
 
 
 def encode_frame(type: FrameType, request_id: int, body: bytes) -> bytes:
