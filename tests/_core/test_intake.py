@@ -1,4 +1,5 @@
-"""The agent's compiled intake, `intake_send`, and the client's `decode_results`, in process.
+"""The agent's compiled intake (`intake_send`, and `intake_frames` for a whole read) and
+the client's `decode_results`, in process.
 
 Each event intake_send accepts must be in its ring, decoding to the key and value sent,
 under the id its answer gives; what it leaves to the Python path (a topic not opened
@@ -15,7 +16,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventspool._core.native import decode_results, intake_send
+from eventspool._core.native import decode_results, intake_frames, intake_send
 from eventspool.config import QueueSettings, SpoolSettings
 from eventspool.envelope import decode
 from eventspool.pipeline import Spool
@@ -117,3 +118,85 @@ def test_random_bodies_never_crash_the_intake_nor_the_result_decoder(
             decode_results(frame.body)
     with contextlib.suppress(ValueError):  # a clear refusal is fine; a crash is not
         decode_results(body)
+
+
+def _frames_of(answers: bytes) -> list[tuple[int, list[str | tuple[int, str]]]]:
+    return [
+        (frame.request_id, decode_results(frame.body)) for frame in FrameDecoder().feed(answers)
+    ]
+
+
+@settings(max_examples=30)
+@given(batches=st.lists(events, min_size=1, max_size=6), cut=st.integers(0, 40))
+def test_a_read_of_sends_is_spooled_frame_by_frame_up_to_the_first_partial_frame(
+    tmp_path_factory: object, batches: list[list[tuple[bytes | None, bytes | None]]], cut: int
+) -> None:
+    directory = tmp_path_factory.mktemp("reads")  # type: ignore[attr-defined]
+    frames = [
+        encode_send(n + 1, TOPIC, [WireEvent(v, k, None) for k, v in batch])
+        for n, batch in enumerate(batches)
+    ]
+    whole = b"".join(frames)
+    data = whole[: max(len(whole) - cut, 0)]
+    complete = [
+        frame for n, frame in enumerate(frames) if len(b"".join(frames[: n + 1])) <= len(data)
+    ]
+    with _spool(directory) as spool:
+        spool.send(TOPIC, b"opens partition 0", b"0")
+        spool.send(TOPIC, b"opens partition 1", b"2")
+        answers, consumed, requests = intake_frames(
+            spool,
+            data,
+            1 << 20,
+            {TOPIC.encode()},
+            _fallback(spool),  # type: ignore[arg-type]
+        )
+        assert (consumed, requests) == (len(b"".join(complete)), len(complete))
+        answered = _frames_of(answers)
+        assert [request_id for request_id, _ in answered] == list(range(1, len(complete) + 1))
+        spooled = _spooled(spool)
+        for (_, ids), batch in zip(answered, batches, strict=False):
+            assert [spooled[event_id] for event_id in ids] == batch  # type: ignore[index]
+
+
+def test_a_read_stops_at_the_first_frame_it_leaves_to_python(tmp_path: Path) -> None:
+    """A topic not known to spool inline, a PING, headers: from there on, the read is the
+    Python path's, so a connection's requests keep their order."""
+    inline_send = encode_send(1, TOPIC, [WireEvent(b"a", None, None)])
+    for stopper in (
+        encode_send(2, "unknown-yet", [WireEvent(b"b", None, None)]),
+        b"\x00\x00\x00\x05\x02\x00\x00\x00\x02",  # PING
+        encode_send(2, TOPIC, [WireEvent(b"b", None, [("h", b"x")])]),
+    ):
+        with _spool(tmp_path / str(len(stopper))) as spool:
+            data = inline_send + stopper + inline_send
+            answers, consumed, requests = intake_frames(
+                spool,
+                data,
+                1 << 20,
+                {TOPIC.encode()},
+                _fallback(spool),  # type: ignore[arg-type]
+            )
+            assert (consumed, requests) == (len(inline_send), 1)
+            assert [request_id for request_id, _ in _frames_of(answers)] == [1]
+
+
+@settings(max_examples=150)
+@given(data=st.binary(max_size=300), prefix=st.booleans())
+def test_random_reads_never_crash_the_read_intake(
+    tmp_path_factory: object, data: bytes, prefix: bool
+) -> None:
+    directory = tmp_path_factory.mktemp("fuzz-reads")  # type: ignore[attr-defined]
+    if prefix:  # a valid SEND first, so the garbage comes mid-read
+        data = encode_send(1, TOPIC, [WireEvent(b"v", None, None)]) + data
+    with _spool(directory) as spool:
+        spool.send(TOPIC, b"open", b"0")
+        answers, consumed, requests = intake_frames(
+            spool,
+            data,
+            4096,
+            {TOPIC.encode(), b""},
+            _fallback(spool),  # type: ignore[arg-type]
+        )
+        assert 0 <= consumed <= len(data)
+        assert len(FrameDecoder().feed(answers)) == requests

@@ -7,6 +7,7 @@ cdef enum:
     # costing far more memory than the frame itself.
     SEND_MAX_EVENTS = 10000
     FRAME_HEADER_SIZE = 9  # length, type, request id
+    SEND_TYPE = 1
     SEND_RESULT_TYPE = 0x81
     STATUS_OK = 0
     WIRE_KEY = 1
@@ -84,15 +85,17 @@ cdef class _ResultBuffer:
 
     cdef bytearray data
     cdef Py_ssize_t used
+    cdef Py_ssize_t start  # where the frame being built begins
 
     def __cinit__(self, Py_ssize_t expected):
         self.data = bytearray(expected)
         self.used = 0
+        self.start = 0
 
     cdef char *reserve(self, Py_ssize_t size) except NULL:
         cdef Py_ssize_t have = len(self.data)
         if self.used + size > have:
-            self.data.extend(bytes(max(size, have)))
+            self.data.extend(bytes(max(self.used + size - have, have)))
         return <char *>self.data + self.used
 
     cdef int put_ok(self, const char *event_id) except -1:
@@ -112,13 +115,22 @@ cdef class _ResultBuffer:
         self.used += 3 + length
         return 0
 
-    cdef bytes frame(self, uint32_t request_id, uint32_t count):
-        cdef char *out = <char *>self.data
-        es_put_be32(out, <uint32_t>(self.used - 4))
+    cdef int open_frame(self, uint32_t count) except -1:
+        """Start a SEND_RESULT frame of `count` results; `close_frame` fills its header."""
+        self.reserve(FRAME_HEADER_SIZE + 4 + <Py_ssize_t>count * OK_RESULT_SIZE)
+        self.start = self.used
+        self.used += FRAME_HEADER_SIZE + 4
+        return 0
+
+    cdef void close_frame(self, uint32_t request_id, uint32_t count) noexcept:
+        cdef char *out = <char *>self.data + self.start
+        es_put_be32(out, <uint32_t>(self.used - self.start - 4))
         out[4] = <char>SEND_RESULT_TYPE
         es_put_be32(out + 5, request_id)
         es_put_be32(out + FRAME_HEADER_SIZE, count)
-        return PyBytes_FromStringAndSize(out, self.used)
+
+    cdef bytes frames(self):
+        return PyBytes_FromStringAndSize(<char *>self.data, self.used)
 
 
 def intake_send(SpoolFront front not None, uint32_t request_id, bytes body not None, fallback):
@@ -132,8 +144,58 @@ def intake_send(SpoolFront front not None, uint32_t request_id, bytes body not N
     the Python policy, which answers (status, UTF-8 text). `bytes accepted` counts the
     keys and values spooled, for quotas.
     """
-    cdef const char *p = PyBytes_AS_STRING(body)
-    cdef Py_ssize_t size = PyBytes_GET_SIZE(body), pos, klen, vlen
+    cdef uint32_t count = 0
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(body)
+    cdef _ResultBuffer out
+    if _scan_send(PyBytes_AS_STRING(body), size, &count) < 0:
+        return None
+    out = _ResultBuffer(FRAME_HEADER_SIZE + 4 + <Py_ssize_t>count * OK_RESULT_SIZE)
+    accepted = _intake_into(front, request_id, PyBytes_AS_STRING(body), size, fallback, out)
+    if accepted < 0:
+        return None
+    return out.frames(), accepted
+
+
+def intake_frames(SpoolFront front not None, bytes data not None, Py_ssize_t max_frame, set inline not None, fallback):
+    """Spool the SEND frames at the start of one read: (their SEND_RESULT frames, bytes
+    consumed, requests spooled).
+
+    The agent's per-read path for a connection without access rules or quotas: it stops
+    at the first frame it leaves to Python (not whole, not a SEND, to a topic not in
+    `inline`, the raw names of topics that never wait, or a body `intake_send` would
+    leave to the decoder), and Python takes the read from there, so a connection's
+    requests keep their order. Each frame is spooled as `intake_send` spools it.
+    """
+    cdef const char *p = PyBytes_AS_STRING(data)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(data), pos = 0, end, body_size
+    cdef uint32_t length
+    cdef const char *body
+    cdef int requests = 0
+    cdef _ResultBuffer out = _ResultBuffer(FRAME_HEADER_SIZE + 4 + OK_RESULT_SIZE)
+    while size - pos >= FRAME_HEADER_SIZE:
+        length = es_get_be32(p + pos)
+        end = pos + 4 + <Py_ssize_t>length
+        if length < 5 or length > max_frame or end > size or p[pos + 4] != SEND_TYPE:
+            break
+        body = p + pos + FRAME_HEADER_SIZE
+        body_size = end - pos - FRAME_HEADER_SIZE
+        if body_size < 2 or 2 + <Py_ssize_t>es_get_be16(body) > body_size:
+            break
+        if PyBytes_FromStringAndSize(body + 2, es_get_be16(body)) not in inline:
+            break
+        if _intake_into(front, es_get_be32(p + pos + 5), body, body_size, fallback, out) < 0:
+            break
+        requests += 1
+        pos = end
+    return out.frames(), pos, requests
+
+
+cdef int64_t _intake_into(
+    SpoolFront front, uint32_t request_id, const char *p, Py_ssize_t size, fallback, _ResultBuffer out
+) except -2:
+    """Spool a SEND body's events and add its SEND_RESULT frame to `out`: the bytes
+    accepted, or -1 (nothing written) for a body the Python decoder must judge."""
+    cdef Py_ssize_t pos, klen, vlen
     cdef uint32_t count = 0, i
     cdef uint8_t flags
     cdef const char *k
@@ -144,16 +206,14 @@ def intake_send(SpoolFront front not None, uint32_t request_id, bytes body not N
     cdef TopicRoute route = None
     cdef RingCore held = None
     cdef RingCore ring
-    cdef _ResultBuffer out
     pos = _scan_send(p, size, &count)
     if pos < 0:
-        return None
+        return -1
     try:
         topic = PyUnicode_DecodeUTF8(p + 2, es_get_be16(p), NULL)
     except UnicodeDecodeError:
-        return None
-    out = _ResultBuffer(FRAME_HEADER_SIZE + 4 + <Py_ssize_t>count * OK_RESULT_SIZE)
-    out.used = FRAME_HEADER_SIZE + 4
+        return -1
+    out.open_frame(count)
     found = front._routes.get(topic)
     if found is not None:
         route = <TopicRoute>found
@@ -212,7 +272,8 @@ def intake_send(SpoolFront front not None, uint32_t request_id, bytes body not N
     finally:
         if held is not None:
             held._release()
-    return out.frame(request_id, count), accepted
+    out.close_frame(request_id, count)
+    return accepted
 
 
 def decode_results(bytes body not None) -> list:

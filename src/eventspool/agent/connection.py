@@ -64,6 +64,9 @@ class FrameConnection(asyncio.Protocol):
         self._permitted: set[tuple[FrameType, bytes]] = set()
         # A TCP client of an agent with tokens, until its AUTH is accepted: nothing else is.
         self.unauthenticated = False
+        # Nothing is judged on this client's requests (no access rules, no quotas): its
+        # SENDs to topics that never wait are spooled straight from the read.
+        self.inline = False
         self.decoder = FrameDecoder(server.max_frame)
         self.started = False
         self.closing = False
@@ -88,6 +91,7 @@ class FrameConnection(asyncio.Protocol):
         self.unauthenticated = rules.tokens and peer.uid is None
         if not self.unauthenticated:
             self.grant = rules.grant(peer)
+        self.inline = self._judged_on_nothing()
         self.server.connections.add(self)
         self.timer = self.loop.call_later(self.server.frame_timeout_s, self._silent)
 
@@ -124,13 +128,18 @@ class FrameConnection(asyncio.Protocol):
                 return
         if self.closing:
             return
+        answers = []
+        if self.inline and not self.decoder.buffered:
+            spooled, consumed = self.server.spooler.spool_inline(data, self.server.max_frame)
+            if consumed:
+                answers.append(spooled)
+                data = data[consumed:]
         try:
-            frames = self.decoder.feed(data)
+            frames = self.decoder.feed(data) if data else []
         except ProtocolError as exc:
             self.server.counters.protocol_errors += 1
             self._close_after(encode_error(0, Status.MALFORMED, str(exc)))
             return
-        answers = []
         if self.unauthenticated and frames:
             accepted = self._authenticate(frames.pop(0))
             if accepted is None:
@@ -141,7 +150,7 @@ class FrameConnection(asyncio.Protocol):
             if answer is not None:
                 answers.append(answer)
         if answers:
-            transport.write(b"".join(answers))
+            transport.write(answers[0] if len(answers) == 1 else b"".join(answers))
         if self.decoder.buffered:
             if frames or self.timer is None:
                 self.partial_since = self.loop.time()
@@ -169,7 +178,13 @@ class FrameConnection(asyncio.Protocol):
         self.peer = peer
         self.grant = self.server.peer_rules.grant(peer)
         self.unauthenticated = False
+        self.inline = self._judged_on_nothing()
         return encode_frame(FrameType.AUTH_RESULT, frame.request_id, b"")
+
+    def _judged_on_nothing(self) -> bool:
+        server = self.server
+        judged = self.unauthenticated or self.grant is not None or server.allow.active
+        return not judged and not server.quotas.enabled
 
     def _answer(self, frame: Frame) -> bytes | None:
         """The answer to write now, or None when it comes later (pool, quota delay)."""

@@ -2,8 +2,10 @@
 
 A request to queues that never wait (durability `process`, full policy not `block`) is
 spooled on the event loop, through the compiled intake when it is a SEND; one that may
-wait goes to the thread pool, queued per topic or exchange. Each event gets its own
-status; a full disk is logged once a minute, not once per refused event.
+wait goes to the thread pool, queued per topic or exchange. Once a topic is known never
+to wait, a read's SENDs to it are spooled straight from the read (`spool_inline`). Each
+event gets its own status; a full disk is logged once a minute, not once per refused
+event.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from eventspool._core.native import intake_send
+from eventspool._core.native import intake_frames, intake_send
 from eventspool.agent.access import AllowList, Grant, PeerRules
 from eventspool.agent.counters import AgentCounters
 from eventspool.agent.quotas import Quotas
@@ -66,7 +68,8 @@ class RequestSpooler:
         self.allow = allow
         self.peer_rules = peer_rules
         self.accepting = True
-        self._topic_waits: dict[str, bool] = {}
+        # The raw names of topics found never to wait: their SENDs need no judging.
+        self.inline_topics: set[bytes] = set()
 
     def queue_of(self, frame: Frame) -> str | None:
         """Which pool queue a SEND or PUBLISH waits in; None when it is answered at once.
@@ -74,16 +77,19 @@ class RequestSpooler:
         Requests that may wait (for an `fsync` or a `block` topic, or an exchange that
         reaches one) are queued per topic or exchange.
         """
-        name = target_name(frame.body)
+        body = frame.body
+        raw = body[2 : 2 + int.from_bytes(body[:2], "big")]
+        if frame.type is FrameType.SEND and raw in self.inline_topics:
+            return None
+        name = target_name(body)
         if name is None:
             return None  # undecodable: refused at once
         if frame.type is FrameType.SEND:
-            waits = self._topic_waits.get(name)
-            if waits is None:
-                waits = self._topic_may_wait(name)
-                if len(self._topic_waits) < _TOPIC_CACHE_MAX:
-                    self._topic_waits[name] = waits
-            return f"topic {name}" if waits else None
+            if self._topic_may_wait(name):
+                return f"topic {name}"
+            if len(self.inline_topics) < _TOPIC_CACHE_MAX:
+                self.inline_topics.add(raw)
+            return None
         try:
             topics = self.spool.exchange(name).exchange.topics()
         except UnknownExchangeError:
@@ -91,6 +97,22 @@ class RequestSpooler:
         if any(self._topic_may_wait(topic) for topic in topics):
             return f"exchange {name}"
         return None
+
+    def spool_inline(self, data: bytes, max_frame: int) -> tuple[bytes, int]:
+        """Spool the SENDs to `inline_topics` that start a read: (their answers, the
+        bytes they took). The rest of the read is the caller's, frame by frame.
+
+        Only for a connection that nothing is judged on (no access rules, no quotas):
+        this skips the decoder, the frame objects and the judging, half of the agent's
+        CPU per request (profiled with 16 blocking callers).
+        """
+        if not self.accepting:
+            return b"", 0
+        answers, consumed, requests = intake_frames(
+            self.spool, data, max_frame, self.inline_topics, self._send_one
+        )
+        self.counters.requests += requests
+        return answers, consumed
 
     def _topic_may_wait(self, topic: str) -> bool:
         queue = self.spool.settings.for_topic(topic)
