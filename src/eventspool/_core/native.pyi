@@ -228,6 +228,17 @@ class Frame:
 def split_frames(
     data: bytes | bytearray, max_frame: int, types: tuple[IntEnum | None, ...], frames: list[Frame]
 ) -> tuple[int, int, int]: ...
+def encode_batch_frame(
+    frame_type: int, request_id: int, raw_name: bytes, payloads: list[bytes]
+) -> bytes | None: ...
+
+CALL_ANSWERED: int
+CALL_UNWRITTEN: int
+CALL_READ: int
+
+def call_alone(
+    fd: int, request_id: int, raw_topic: bytes, payload: bytes, buffer: bytearray
+) -> tuple[int, Any]: ...
 def encode_wire_event(
     value: bytes | None,
     key: bytes | None,

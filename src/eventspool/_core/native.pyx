@@ -30,9 +30,10 @@ from cpython.buffer cimport (
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
-from libc.errno cimport errno
+from cpython.exc cimport PyErr_CheckSignals
+from libc.errno cimport EAGAIN, EINTR, errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memset, strerror
 from posix.stat cimport fstat, struct_stat
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 

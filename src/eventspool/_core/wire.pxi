@@ -1,5 +1,6 @@
 # The client's side of the wire: one event of a SEND (or PUBLISH) body, encoded when
-# the caller hands it over, so a queued event is a bytes object and a frame is a join.
+# the caller hands it over, so a queued event is a bytes object and a frame is a join;
+# and a blocking caller's call made whole while nobody else uses its connection.
 # Included by native.pyx. The format is written out in eventspool/wire/protocol.py.
 
 cdef enum:
@@ -112,3 +113,149 @@ def encode_wire_event(bytes value, bytes key, object headers, str event_id) -> b
     if raw_id is not None:
         memcpy(p, PyBytes_AS_STRING(raw_id), ID_LEN)
     return out
+
+
+def encode_batch_frame(uint8_t frame_type, uint32_t request_id, bytes raw_name not None, list payloads not None):
+    """A whole SEND or PUBLISH frame: header, name, count, the events encoded already.
+
+    None when its length cannot be said in the frame's u32 (the caller words the error).
+    """
+    cdef Py_ssize_t name_size = PyBytes_GET_SIZE(raw_name), count = len(payloads), i
+    cdef Py_ssize_t size = FRAME_HEADER_SIZE + 2 + name_size + 4, length
+    cdef char *p
+    if name_size > MAX_WIRE_U16 or <uint64_t>count > 0xFFFFFFFF:
+        return None
+    for i in range(count):
+        size += PyBytes_GET_SIZE(<bytes?>payloads[i])
+    if <uint64_t>(size - 4) > 0xFFFFFFFF:
+        return None
+    out = PyBytes_FromStringAndSize(NULL, size)
+    p = PyBytes_AS_STRING(out)
+    es_put_be32(p, <uint32_t>(size - 4))
+    p[4] = <char>frame_type
+    es_put_be32(p + 5, request_id)
+    es_put_be16(p + FRAME_HEADER_SIZE, <uint16_t>name_size)
+    memcpy(p + FRAME_HEADER_SIZE + 2, PyBytes_AS_STRING(raw_name), name_size)
+    p += FRAME_HEADER_SIZE + 2 + name_size
+    es_put_be32(p, <uint32_t>count)
+    p += 4
+    for i in range(count):
+        payload = <bytes>payloads[i]
+        length = PyBytes_GET_SIZE(payload)
+        memcpy(p, PyBytes_AS_STRING(payload), length)
+        p += length
+    return out
+
+
+# ---- a blocking caller alone on its connection -----------------------------------------
+
+cdef extern from "<sys/socket.h>" nogil:
+    ssize_t _socket_send "send"(int fd, const void *data, size_t size, int flags)
+    ssize_t _socket_recv "recv"(int fd, void *data, size_t size, int flags)
+    enum:
+        MSG_DONTWAIT
+        MSG_NOSIGNAL
+
+# What `call_alone` did: answered the call, or left the rest of it to the Python path.
+CALL_ANSWERED = 0
+CALL_UNWRITTEN = 1
+CALL_READ = 2
+
+cdef enum:
+    CALL_FRAME_ON_STACK = 2048
+    ONE_RESULT_OFFSET = FRAME_HEADER_SIZE + 4  # after the header and the result count
+
+
+cdef Py_ssize_t _send_now(int fd, const char *data, Py_ssize_t size) except -1:
+    """What the socket takes of `data` without waiting for room."""
+    cdef Py_ssize_t sent
+    cdef int error = 0
+    while True:
+        with nogil:
+            sent = _socket_send(fd, data, size, MSG_DONTWAIT | MSG_NOSIGNAL)
+            if sent < 0:
+                error = errno
+        if sent >= 0:
+            return sent
+        if error == EAGAIN:
+            return 0
+        if error != EINTR:
+            raise OSError(error, strerror(error).decode("utf-8", "replace"))
+        PyErr_CheckSignals()
+
+
+cdef Py_ssize_t _receive(int fd, char *into, Py_ssize_t room) except -1:
+    """One read of the blocking socket (SO_RCVTIMEO bounds it), as `socket.recv_into`."""
+    cdef Py_ssize_t got
+    cdef int error = 0
+    while True:
+        with nogil:
+            got = _socket_recv(fd, into, room, 0)
+            if got < 0:
+                error = errno
+        if got >= 0:
+            return got
+        if error != EINTR:
+            raise OSError(error, strerror(error).decode("utf-8", "replace"))
+        PyErr_CheckSignals()
+
+
+cdef object _lone_outcome(const char *p, Py_ssize_t size, uint32_t request_id):
+    """The one result of the SEND_RESULT that `p` holds whole and alone, for `request_id`:
+    the event_id, or (status, text); None for anything else."""
+    cdef Py_ssize_t length
+    if size < ONE_RESULT_OFFSET + 3 or <Py_ssize_t>es_get_be32(p) != size - 4:
+        return None
+    if <uint8_t>p[4] != SEND_RESULT_TYPE or es_get_be32(p + 5) != request_id:
+        return None
+    if es_get_be32(p + FRAME_HEADER_SIZE) != 1:
+        return None
+    length = es_get_be16(p + ONE_RESULT_OFFSET + 1)
+    if ONE_RESULT_OFFSET + 3 + length != size:
+        return None
+    try:
+        text = PyUnicode_DecodeUTF8(p + ONE_RESULT_OFFSET + 3, length, NULL)
+    except UnicodeDecodeError:
+        return None
+    if p[ONE_RESULT_OFFSET] == STATUS_OK:
+        return text
+    return <uint8_t>p[ONE_RESULT_OFFSET], text
+
+
+def call_alone(int fd, uint32_t request_id, bytes raw_topic not None, bytes payload not None, bytearray buffer not None):
+    """One event's SEND written and its answer read, on a blocking socket nobody else
+    writes or reads now: (CALL_ANSWERED, the event_id or (status, text)).
+
+    The blocking client's `send()` alone on its connection, in one call instead of the
+    Python pipeline's steps (its bookkeeping was most of the client's CPU per event).
+    Anything out of the ordinary is left to that pipeline: (CALL_UNWRITTEN, the bytes
+    of the frame the socket did not take), or (CALL_READ, the bytes read) when they are
+    not this call's whole answer alone. Raises OSError as the socket module does
+    (BlockingIOError once SO_RCVTIMEO ran out).
+    """
+    cdef Py_ssize_t topic_size = PyBytes_GET_SIZE(raw_topic), payload_size = PyBytes_GET_SIZE(payload)
+    cdef Py_ssize_t size = FRAME_HEADER_SIZE + 2 + topic_size + 4 + payload_size, sent, got
+    cdef char on_stack[CALL_FRAME_ON_STACK]
+    cdef char *frame = on_stack
+    cdef char *into = PyByteArray_AS_STRING(buffer)
+    if topic_size > MAX_WIRE_U16 or <uint64_t>(size - 4) > 0xFFFFFFFF:
+        raise ValueError(f"a SEND of {size} bytes does not fit a frame")
+    on_heap = None
+    if size > CALL_FRAME_ON_STACK:
+        on_heap = PyBytes_FromStringAndSize(NULL, size)
+        frame = PyBytes_AS_STRING(on_heap)
+    es_put_be32(frame, <uint32_t>(size - 4))
+    frame[4] = <char>SEND_TYPE
+    es_put_be32(frame + 5, request_id)
+    es_put_be16(frame + FRAME_HEADER_SIZE, <uint16_t>topic_size)
+    memcpy(frame + FRAME_HEADER_SIZE + 2, PyBytes_AS_STRING(raw_topic), topic_size)
+    es_put_be32(frame + FRAME_HEADER_SIZE + 2 + topic_size, 1)
+    memcpy(frame + FRAME_HEADER_SIZE + 6 + topic_size, PyBytes_AS_STRING(payload), payload_size)
+    sent = _send_now(fd, frame, size)
+    if sent < size:
+        return CALL_UNWRITTEN, PyBytes_FromStringAndSize(frame + sent, size - sent)
+    got = _receive(fd, into, PyByteArray_GET_SIZE(buffer))
+    outcome = _lone_outcome(into, got, request_id)
+    if outcome is None:
+        return CALL_READ, PyBytes_FromStringAndSize(into, got)
+    return CALL_ANSWERED, outcome

@@ -185,7 +185,7 @@ def settle(request: Request, frame: Frame, where: str) -> None:
                 f"SEND_RESULT has {len(results)} results for a SEND of {len(request)} events"
             )
         for item, result in zip(request, results, strict=True):
-            item._settle(result if type(result) is str else _refusal(result))
+            item._settle(result if type(result) is str else refusal_error(result))
     elif frame.type is FrameType.ERROR:
         error = _outcome(decode_error(frame.body))
         for item in request:
@@ -204,7 +204,7 @@ def fail(items: Iterable[Event | Control], error: EventspoolError) -> None:
             item._settle(error)
 
 
-def _refusal(result: str | tuple[int, str]) -> EventspoolError:
+def refusal_error(result: str | tuple[int, str]) -> EventspoolError:
     """The error of a refused event, from its (status, text) as the compiled decoder gives it."""
     assert not isinstance(result, str)
     status, text = result

@@ -79,6 +79,7 @@ from eventspool._core.native import (
     WIRE_MAX_EVENTS_PER_SEND,
     WIRE_SEND_RESULT,
     WIRE_STATUS_OK,
+    encode_batch_frame,
     encode_wire_event,
     split_frames,
 )
@@ -287,12 +288,16 @@ def encode_frame(type: FrameType, request_id: int, body: bytes) -> bytes:
 
 
 def _frame_header(frame_type: FrameType, request_id: int, body_length: int) -> bytes:
-    if not 0 <= request_id <= _MAX_REQUEST_ID:
-        raise ProtocolError(f"request id {request_id} does not fit in an unsigned 32-bit field")
+    _check_request_id(request_id)
     length = _MIN_LENGTH + body_length
     if length > _MAX_LENGTH:
         raise ProtocolError(f"frame body of {body_length} bytes is too large for any frame")
     return FRAME_HEADER.pack(length, frame_type, request_id)
+
+
+def _check_request_id(request_id: int) -> None:
+    if not 0 <= request_id <= _MAX_REQUEST_ID:
+        raise ProtocolError(f"request id {request_id} does not fit in an unsigned 32-bit field")
 
 
 # ---- SEND ----------------------------------------------------------------------------
@@ -345,9 +350,12 @@ def _encode_batch(
     """SEND and PUBLISH: a name, a count, the events."""
     if len(payloads) > _MAX_U32:
         raise ProtocolError(f"{len(payloads)} events; at most {_MAX_U32} fit in one request")
-    head = _U16.pack(len(raw_name)) + raw_name + _U32.pack(len(payloads))
-    body_length = len(head) + sum(map(len, payloads))
-    return b"".join((_frame_header(frame_type, request_id, body_length), head, *payloads))
+    _check_request_id(request_id)
+    frame = encode_batch_frame(frame_type, request_id, raw_name, list(payloads))
+    if frame is None:
+        body_length = _U16.size + len(raw_name) + _U32.size + sum(map(len, payloads))
+        raise ProtocolError(f"frame body of {body_length} bytes is too large for any frame")
+    return frame
 
 
 def _encode_name(text: str, what: str) -> bytes:
