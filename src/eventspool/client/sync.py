@@ -131,10 +131,8 @@ class Client:
         `event_id` and consumers drop the copy). With `exchange` (and `topic=None`) the
         agent routes the event by `routing_key`, as `Spool.send()` does.
         """
-        reply = Reply(1)
         payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
-        self._pipeline.send_alone(Waiting(topic, exchange, payload, reply))
-        outcome = self._pipeline.wait(reply)[0]
+        outcome = self._pipeline.call(topic, exchange, payload)
         if isinstance(outcome, str):
             return outcome
         raise outcome

@@ -124,8 +124,28 @@ class Waiting:
         self.reply.set(self.index, outcome)
 
 
+class InPerson:
+    """The event of a `send()` whose caller found the connection idle: it writes the
+    event and reads the answer itself, so only it (or a broken connection) settles it,
+    and its outcome needs no lock to wait on."""
+
+    __slots__ = ("_payload", "_topic", "outcome")
+    _exchange = None
+
+    def __init__(self, topic: str, payload: bytes) -> None:
+        self._topic: str = topic
+        self._payload = payload
+        self.outcome: Outcome | None = None
+
+    def _settle(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+    def done(self) -> bool:
+        return self.outcome is not None
+
+
 #: One event on its way: the caller waits in person, or holds its future.
-Event = Waiting | EventFuture
+Event = Waiting | EventFuture | InPerson
 
 
 @dataclass(slots=True, eq=False)
