@@ -1,4 +1,6 @@
-"""The agent SIGKILLed again and again under load from several client processes.
+"""The agent SIGKILLed again and again under load from several client processes: 16
+single-threaded ones in a blocking `send()` loop (each call made in person on its idle
+connection), and one whose 4 threads share a pipelined `Client`.
 
 What must hold: every event whose `Client.send()` returned an event id reaches Kafka,
 however often the agent dies; the agent restarts on the same spool directory and
@@ -35,9 +37,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.fault]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RecordProperty = Callable[[str, object], None]
 
-KILL_CYCLES = 12
-CLIENTS = 4
-THREADS_PER_CLIENT = 4
+KILL_CYCLES = 10
+# (processes, threads per process): callers alone on their connection, and a shared one.
+CLIENT_LAYOUT = ((16, 1), (1, 4))
 PARTITIONS = 4
 PROGRESS_EVENTS = 300  # acknowledged after a restart before the next kill is armed
 KILL_DELAY_S = (0.1, 1.5)  # then the kill lands at a random moment in this window
@@ -50,7 +52,9 @@ class _ClientChild:
     """One `agent_client_child` process: its stderr file, and beside it (suffix `.ids`)
     the ledger of the event ids its sends were answered with."""
 
-    def __init__(self, socket_path: Path, topic: str, stderr_path: Path, seed: int) -> None:
+    def __init__(
+        self, socket_path: Path, topic: str, stderr_path: Path, seed: int, threads: int = 4
+    ) -> None:
         self.stderr_path = stderr_path
         self.ledger = stderr_path.with_suffix(".ids")
         with stderr_path.open("wb") as stderr:
@@ -62,7 +66,7 @@ class _ClientChild:
                     os.fspath(self.ledger),
                     os.fspath(socket_path),
                     topic,
-                    str(THREADS_PER_CLIENT),
+                    str(threads),
                     str(seed),
                 ],
                 cwd=REPO_ROOT,
@@ -140,9 +144,14 @@ def test_sigkilled_agent_loses_no_acknowledged_event(
             restart_s.append(agent.start_answering(START_TIMEOUT_S))
             children = [
                 _ClientChild(
-                    agent.socket_path, topic, tmp_path / f"client-{n}.stderr", rng.getrandbits(32)
+                    agent.socket_path,
+                    topic,
+                    tmp_path / f"client-{threads}-{n}.stderr",
+                    rng.getrandbits(32),
+                    threads,
                 )
-                for n in range(CLIENTS)
+                for processes, threads in CLIENT_LAYOUT
+                for n in range(processes)
             ]
             for _ in range(KILL_CYCLES):
                 _wait_for_progress(children, PROGRESS_EVENTS)
