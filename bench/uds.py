@@ -24,6 +24,10 @@ keeps the server's and the clients' CPU per event.
   patterns each (the last for this uid) and 1000 allowed_topics patterns.
 - TLS: the 16-thread and `send_async()` passes over loopback TCP with TLS (P-256 server
   certificate) against plaintext.
+- instructions (full runs, with valgrind): callgrind's count of user-space instructions
+  (the kernel's work is not counted) per blocking `send()` in a second agent, its event
+  loop's thread and all of its threads, against the C echo server's per round trip, each
+  with one sequential caller (`harness.instructions`).
 
 Goals (not asserted): round-trip p50 under 50 us and at most 1.5x the echo's; one shared
 client at 200k events/s and 0.8 of the ceiling; caller processes and short-lived callers
@@ -43,10 +47,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import asdict, dataclass
 from functools import partial
+from pathlib import Path
 
 from eventspool.broker import create_topic
 from eventspool.broker.local import find_free_port
@@ -56,7 +61,8 @@ from eventspool.errors import EventspoolError
 from eventspool.pipeline import Spool
 from eventspool.testing.agent import AgentProcess
 from eventspool.testing.tls import Pki
-from harness.agent import start_agent
+from harness import instructions
+from harness.agent import configured_agent, start_agent
 from harness.child import Child, child_arguments
 from harness.cli import BenchArgs, bench_main
 from harness.cpu import process_cpu_s
@@ -292,6 +298,45 @@ def processes_pass(children: Sequence[Child], lane: str, threads: int, seconds: 
     )
 
 
+def instructions_per_round_trip(
+    scratch: Path, bootstrap: str, echo: EchoServer, events: int
+) -> dict[str, float]:
+    """callgrind's instructions per blocking `send()` in a second agent (its event loop's
+    thread, and all its threads: sender and librdkafka too), and per round trip in a
+    second echo server, each with one sequential caller."""
+    agent = configured_agent(scratch / "callgrind-agent", bootstrap)
+    agent_threads = instructions.per_exchange_by_thread(
+        [sys.executable, "-m", "eventspool", "agent", "--config", os.fspath(agent.config)],
+        agent.socket_path,
+        lambda: _sender(Client(agent.socket_path, timeout=60)),
+        events,
+    )
+    echo_path = scratch / "callgrind-echo.sock"
+    echo_threads = instructions.per_exchange_by_thread(
+        [os.fspath(echo.binary), os.fspath(echo_path)],
+        echo_path,
+        lambda: _round_tripper(echo_path),
+        events,
+    )
+    return {
+        "agent_loop_thread": agent_threads[0],
+        "agent": round(sum(agent_threads), 1),
+        "c_echo": round(sum(echo_threads), 1),
+    }
+
+
+@contextlib.contextmanager
+def _sender(client: Client) -> Iterator[Callable[[], object]]:
+    with client:
+        yield partial(client.send, TOPIC, VALUE)
+
+
+@contextlib.contextmanager
+def _round_tripper(path: Path) -> Iterator[Callable[[], object]]:
+    with connected(path) as sock:
+        yield partial(round_trip, sock, VALUE)
+
+
 def access_rules_toml() -> str:
     """The last rule grants this process's uid the bench topic, so every rule is checked."""
     allowed = [TOPIC, *(f"other-{n}.*" for n in range(ALLOWED_PATTERNS - 1))]
@@ -432,10 +477,17 @@ def run(args: BenchArgs) -> dict[str, object]:
         except BaseException:
             progress(f"agent log:\n{agent.log_tail()}")
             raise
-    return build_result(profile, runs, session)
+        counts = None
+        if not args.quick and instructions.available():
+            events = instructions.QUICK_EVENTS
+            counts = instructions_per_round_trip(scratch, bootstrap, echo, events)
+            progress(f"instructions per blocking event ({events:,} events): {counts}")
+    return build_result(profile, runs, session, counts)
 
 
-def build_result(profile: Profile, runs: Runs, session: Session) -> dict[str, object]:
+def build_result(
+    profile: Profile, runs: Runs, session: Session, counts: dict[str, float] | None
+) -> dict[str, object]:
     m = runs.medians()
 
     def pair(ours: str, anchor: str, digits: int | None = None) -> tuple[float, float]:
@@ -523,9 +575,26 @@ def build_result(profile: Profile, runs: Runs, session: Session) -> dict[str, ob
                 anchor_is=f"{in_process}, 1 thread",
             ),
             *floors.values(),
+            *(
+                []
+                if counts is None
+                else [
+                    instructions.instruction_figure(
+                        "uds_agent_instructions_per_blocking_event",
+                        counts,
+                        "agent",
+                        "c_echo",
+                        title="user-space instructions per Client.send() in the agent, all its "
+                        f"threads (its event loop's: {counts['agent_loop_thread']:,.0f}), one "
+                        "caller",
+                        anchor_is="the C echo server's per 100-byte round trip",
+                    )
+                ]
+            ),
         ],
         **against_floors,
         "socket_echo_rtt_p50_us": round(m["echo_rtt_p50_us"], 1),
+        "instructions_per_blocking_event": counts,
         "rate_tcp_async_plaintext": round(m["tcp_async_plain_rate"]),
         "rate_tcp_async_tls": round(m["tcp_async_tls_rate"]),
         "tls_cost_send_async": None if tls_async_ratio is None else round(1 - tls_async_ratio, 4),

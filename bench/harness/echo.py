@@ -27,7 +27,7 @@ class EchoServer:
 
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        binary = directory / "echo_server"
+        self.binary = binary = directory / "echo_server"
         built = subprocess.run(
             [COMPILER, "-O2", "-o", binary, SOURCE], capture_output=True, text=True, check=False
         )

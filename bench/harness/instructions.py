@@ -9,6 +9,11 @@ garbage collector is off during the loop, as timeit does: whether a collection f
 inside it, walking the harness's own objects, depended on what the harness allocated
 before, and moved a lane by up to 30 instructions per event.
 
+A server (the agent, or the C echo server) is counted from outside instead:
+`per_exchange_by_thread` runs it under callgrind, zeroes its counters with
+`callgrind_control` once a caller warmed it up, and dumps them after the caller's measured
+exchanges, one count per thread.
+
 Lanes: `send` (`Spool.send()` of keyless 100-byte values, durability process, 4
 partitions), `send_crossing` (the same into one partition, whose 4 MiB segments fill and
 chain), `produce` (`Producer.produce()` of the same, nothing sent), `e2e_spool` (send,
@@ -18,16 +23,20 @@ idempotent producer doing the same with a delivery callback, as bench/e2e.py's a
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +103,70 @@ def _count(lane: str, events: int, bootstrap: str | None) -> int:
         dumps = sorted(Path(scratch).glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
         if len(dumps) < 2:
             raise RuntimeError(f"callgrind wrote {len(dumps)} dumps for lane {lane}, expected 3")
-        match = _TOTALS.search(dumps[1].read_bytes())
-        if match is None:
-            raise RuntimeError(f"no instruction total in {dumps[1].name} of lane {lane}")
-        return int(match.group(1))
+        return _total(dumps[1])
+
+
+SERVER_START_TIMEOUT_S = 120.0  # a Python process starts about 50 times slower under it
+SERVER_WARMUP_EXCHANGES = 500
+
+
+def per_exchange_by_thread(
+    command: Sequence[str],
+    socket_path: Path,
+    caller: Callable[[], AbstractContextManager[Callable[[], object]]],
+    events: int,
+) -> list[float]:
+    """Instructions per exchange of each thread of the server `command` (the first thread
+    first), which listens on `socket_path`: `caller()` gives the exchange to make, warmed
+    up before the counters are zeroed."""
+    with tempfile.TemporaryDirectory(prefix="eventspool-callgrind-") as scratch:
+        out = Path(scratch) / "callgrind.out"
+        server = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--separate-threads=yes",
+             f"--callgrind-out-file={out}", *command],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            _wait_for_listener(socket_path, server)
+            with caller() as exchange:
+                for _ in range(SERVER_WARMUP_EXCHANGES):
+                    exchange()
+                _callgrind_control("-z", server.pid)
+                for _ in range(events):
+                    exchange()
+                _callgrind_control("-d", server.pid)
+        finally:
+            server.terminate()
+            server.wait(SERVER_START_TIMEOUT_S)
+        dumps = sorted(Path(scratch).glob("callgrind.out.1-*"))
+        if not dumps:
+            raise RuntimeError(f"callgrind dumped nothing for {command[0]}")
+        return [round(_total(dump) / events, 1) for dump in dumps]
+
+
+def _wait_for_listener(path: Path, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server under callgrind exited with {server.returncode}")
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as probe:
+            probe.connect(os.fspath(path))
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nothing listened on {path} within {SERVER_START_TIMEOUT_S} s")
+        time.sleep(0.2)
+
+
+def _callgrind_control(option: str, pid: int) -> None:
+    subprocess.run(["callgrind_control", option, str(pid)], check=True, capture_output=True)
+
+
+def _total(dump: Path) -> int:
+    match = _TOTALS.search(dump.read_bytes())
+    if match is None:
+        raise RuntimeError(f"no instruction total in {dump.name}")
+    return int(match.group(1))
 
 
 # ---- the lanes, run inside valgrind -------------------------------------------------
