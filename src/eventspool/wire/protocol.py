@@ -151,11 +151,11 @@ class Status(IntEnum):
     FORBIDDEN = 11
 
 
-# The frame type of every byte value; None for those the protocol does not know.
 # One frame with its length stripped, its body not parsed yet: compiled, since both ends
 # make one per request (the frames.pxi of the compiled core).
 Frame = CompiledFrame
 
+# The frame type of every byte value; None for those the protocol does not know.
 _KNOWN_TYPES = {member.value: member for member in FrameType}
 _FRAME_TYPES = tuple(_KNOWN_TYPES.get(raw) for raw in range(256))
 _STATUSES = {member.value: member for member in Status}
