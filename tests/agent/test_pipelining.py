@@ -40,6 +40,7 @@ QUICK_S = 1.0  # far below BLOCK_TIMEOUT_S: the other requests did not wait for 
 # With 16 caller processes on the same cores: still below the first blocked answer.
 LOADED_QUICK_S = BLOCK_TIMEOUT_S * 0.8
 CALLERS_WARM = 300  # events the callers had acknowledged: they are connected and sending
+CALLER_PAUSE_S = 0.002  # 16 callers leave the rest of the suite some of the two cores
 
 
 def _blocking_agent(tmp_path: Path) -> AgentProcess:
@@ -183,7 +184,14 @@ def test_sixteen_callers_a_pipelined_connection_and_a_full_topic_at_once(
             filled = filler.send_many(blocked, [EVENT] * 5)
         assert all(isinstance(outcome, str) for outcome in filled), filled
         children = [
-            _ClientChild(socket_path, callers_topic, tmp_path / f"caller-{n}.err", n, threads=1)
+            _ClientChild(
+                socket_path,
+                callers_topic,
+                tmp_path / f"caller-{n}.err",
+                n,
+                threads=1,
+                pause_s=CALLER_PAUSE_S,
+            )
             for n in range(16)
         ]
         _wait_for_progress(children, CALLERS_WARM)

@@ -37,9 +37,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.fault]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RecordProperty = Callable[[str, object], None]
 
-KILL_CYCLES = 10
-# (processes, threads per process): callers alone on their connection, and a shared one.
-CLIENT_LAYOUT = ((16, 1), (1, 4))
+KILL_CYCLES = 8
+# (processes, threads per process, pause between sends): callers alone on their
+# connection, paced so that 16 of them leave the rest of the suite some CPU, and a
+# shared client firing as fast as it can.
+CLIENT_LAYOUT = ((16, 1, 0.002), (1, 4, 0.0))
 PARTITIONS = 4
 PROGRESS_EVENTS = 300  # acknowledged after a restart before the next kill is armed
 KILL_DELAY_S = (0.1, 1.5)  # then the kill lands at a random moment in this window
@@ -52,8 +54,14 @@ class _ClientChild:
     """One `agent_client_child` process: its stderr file, and beside it (suffix `.ids`)
     the ledger of the event ids its sends were answered with."""
 
-    def __init__(
-        self, socket_path: Path, topic: str, stderr_path: Path, seed: int, threads: int = 4
+    def __init__(  # noqa: PLR0917  # the child's own arguments, in their order
+        self,
+        socket_path: Path,
+        topic: str,
+        stderr_path: Path,
+        seed: int,
+        threads: int = 4,
+        pause_s: float = 0.0,
     ) -> None:
         self.stderr_path = stderr_path
         self.ledger = stderr_path.with_suffix(".ids")
@@ -68,6 +76,7 @@ class _ClientChild:
                     topic,
                     str(threads),
                     str(seed),
+                    str(pause_s),
                 ],
                 cwd=REPO_ROOT,
                 stdin=subprocess.DEVNULL,
@@ -149,8 +158,9 @@ def test_sigkilled_agent_loses_no_acknowledged_event(
                     tmp_path / f"client-{threads}-{n}.stderr",
                     rng.getrandbits(32),
                     threads,
+                    pause_s,
                 )
-                for processes, threads in CLIENT_LAYOUT
+                for processes, threads, pause_s in CLIENT_LAYOUT
                 for n in range(processes)
             ]
             for _ in range(KILL_CYCLES):
