@@ -126,7 +126,7 @@ def _frames_of(answers: bytes) -> list[tuple[int, list[str | tuple[int, str]]]]:
     ]
 
 
-@settings(max_examples=20)
+@settings(max_examples=10)
 @given(batches=st.lists(events, min_size=1, max_size=6), cut=st.integers(0, 40))
 def test_a_read_of_sends_is_spooled_frame_by_frame_up_to_the_first_partial_frame(
     tmp_path_factory: object, batches: list[list[tuple[bytes | None, bytes | None]]], cut: int
@@ -181,7 +181,7 @@ def test_a_read_stops_at_the_first_frame_it_leaves_to_python(tmp_path: Path) -> 
             assert [request_id for request_id, _ in _frames_of(answers)] == [1]
 
 
-@settings(max_examples=100)
+@settings(max_examples=50)
 @given(data=st.binary(max_size=300), prefix=st.booleans())
 def test_random_reads_never_crash_the_read_intake(
     tmp_path_factory: object, data: bytes, prefix: bool

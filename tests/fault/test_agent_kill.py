@@ -39,9 +39,9 @@ RecordProperty = Callable[[str, object], None]
 
 KILL_CYCLES = 8
 # (processes, threads per process, pause between sends): callers alone on their
-# connection, paced so that 16 of them leave the rest of the suite some CPU, and a
-# shared client firing as fast as it can.
-CLIENT_LAYOUT = ((16, 1, 0.002), (1, 4, 0.0))
+# connection, and one client shared by threads; paced, so that 20 callers leave the rest
+# of the suite some of the two cores.
+CLIENT_LAYOUT = ((16, 1, 0.002), (1, 4, 0.002))
 PARTITIONS = 4
 PROGRESS_EVENTS = 300  # acknowledged after a restart before the next kill is armed
 KILL_DELAY_S = (0.1, 1.5)  # then the kill lands at a random moment in this window
