@@ -120,6 +120,11 @@ def test_random_bodies_never_crash_the_intake_nor_the_result_decoder(
         decode_results(body)
 
 
+def _intake_read(spool: Spool, data: bytes) -> tuple[bytes, int, int]:
+    """`intake_frames` on one read, TOPIC spooled inline."""
+    return intake_frames(spool, data, 1 << 20, {TOPIC.encode()}, _fallback(spool))  # type: ignore[arg-type]
+
+
 def _frames_of(answers: bytes) -> list[tuple[int, list[str | tuple[int, str]]]]:
     return [
         (frame.request_id, decode_results(frame.body)) for frame in FrameDecoder().feed(answers)
@@ -144,13 +149,7 @@ def test_a_read_of_sends_is_spooled_frame_by_frame_up_to_the_first_partial_frame
     with _spool(directory) as spool:
         spool.send(TOPIC, b"opens partition 0", b"0")
         spool.send(TOPIC, b"opens partition 1", b"2")
-        answers, consumed, requests = intake_frames(
-            spool,
-            data,
-            1 << 20,
-            {TOPIC.encode()},
-            _fallback(spool),  # type: ignore[arg-type]
-        )
+        answers, consumed, requests = _intake_read(spool, data)
         assert (consumed, requests) == (len(b"".join(complete)), len(complete))
         answered = _frames_of(answers)
         assert [request_id for request_id, _ in answered] == list(range(1, len(complete) + 1))
@@ -170,13 +169,7 @@ def test_a_read_stops_at_the_first_frame_it_leaves_to_python(tmp_path: Path) -> 
     ):
         with _spool(tmp_path / str(len(stopper))) as spool:
             data = inline_send + stopper + inline_send
-            answers, consumed, requests = intake_frames(
-                spool,
-                data,
-                1 << 20,
-                {TOPIC.encode()},
-                _fallback(spool),  # type: ignore[arg-type]
-            )
+            answers, consumed, requests = _intake_read(spool, data)
             assert (consumed, requests) == (len(inline_send), 1)
             assert [request_id for request_id, _ in _frames_of(answers)] == [1]
 

@@ -144,13 +144,11 @@ def intake_send(SpoolFront front not None, uint32_t request_id, bytes body not N
     the Python policy, which answers (status, UTF-8 text). `bytes accepted` counts the
     keys and values spooled, for quotas.
     """
-    cdef uint32_t count = 0
-    cdef Py_ssize_t size = PyBytes_GET_SIZE(body)
-    cdef _ResultBuffer out
-    if _scan_send(PyBytes_AS_STRING(body), size, &count) < 0:
-        return None
-    out = _ResultBuffer(FRAME_HEADER_SIZE + 4 + <Py_ssize_t>count * OK_RESULT_SIZE)
-    accepted = _intake_into(front, request_id, PyBytes_AS_STRING(body), size, fallback, out)
+    # Sized for one result: `_intake_into` scans the body and reserves for all of them.
+    cdef _ResultBuffer out = _ResultBuffer(FRAME_HEADER_SIZE + 4 + OK_RESULT_SIZE)
+    accepted = _intake_into(
+        front, request_id, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), fallback, out
+    )
     if accepted < 0:
         return None
     return out.frames(), accepted

@@ -115,6 +115,21 @@ def encode_wire_event(bytes value, bytes key, object headers, str event_id) -> b
     return out
 
 
+cdef inline char *_put_batch_head(
+    char *p, Py_ssize_t size, uint8_t frame_type, uint32_t request_id, bytes raw_name, Py_ssize_t count
+) noexcept:
+    """A SEND or PUBLISH frame of `size` bytes up to its events: header, name, count;
+    where its events go. The caller checked that the sizes fit their fields."""
+    cdef Py_ssize_t name_size = PyBytes_GET_SIZE(raw_name)
+    es_put_be32(p, <uint32_t>(size - 4))
+    p[4] = <char>frame_type
+    es_put_be32(p + 5, request_id)
+    es_put_be16(p + FRAME_HEADER_SIZE, <uint16_t>name_size)
+    memcpy(p + FRAME_HEADER_SIZE + 2, PyBytes_AS_STRING(raw_name), name_size)
+    es_put_be32(p + FRAME_HEADER_SIZE + 2 + name_size, <uint32_t>count)
+    return p + FRAME_HEADER_SIZE + 6 + name_size
+
+
 def encode_batch_frame(uint8_t frame_type, uint32_t request_id, bytes raw_name not None, list payloads not None):
     """A whole SEND or PUBLISH frame: header, name, count, the events encoded already.
 
@@ -130,15 +145,7 @@ def encode_batch_frame(uint8_t frame_type, uint32_t request_id, bytes raw_name n
     if <uint64_t>(size - 4) > 0xFFFFFFFF:
         return None
     out = PyBytes_FromStringAndSize(NULL, size)
-    p = PyBytes_AS_STRING(out)
-    es_put_be32(p, <uint32_t>(size - 4))
-    p[4] = <char>frame_type
-    es_put_be32(p + 5, request_id)
-    es_put_be16(p + FRAME_HEADER_SIZE, <uint16_t>name_size)
-    memcpy(p + FRAME_HEADER_SIZE + 2, PyBytes_AS_STRING(raw_name), name_size)
-    p += FRAME_HEADER_SIZE + 2 + name_size
-    es_put_be32(p, <uint32_t>count)
-    p += 4
+    p = _put_batch_head(PyBytes_AS_STRING(out), size, frame_type, request_id, raw_name, count)
     for i in range(count):
         payload = <bytes>payloads[i]
         length = PyBytes_GET_SIZE(payload)
@@ -244,13 +251,11 @@ def call_alone(int fd, uint32_t request_id, bytes raw_topic not None, bytes payl
     if size > CALL_FRAME_ON_STACK:
         on_heap = PyBytes_FromStringAndSize(NULL, size)
         frame = PyBytes_AS_STRING(on_heap)
-    es_put_be32(frame, <uint32_t>(size - 4))
-    frame[4] = <char>SEND_TYPE
-    es_put_be32(frame + 5, request_id)
-    es_put_be16(frame + FRAME_HEADER_SIZE, <uint16_t>topic_size)
-    memcpy(frame + FRAME_HEADER_SIZE + 2, PyBytes_AS_STRING(raw_topic), topic_size)
-    es_put_be32(frame + FRAME_HEADER_SIZE + 2 + topic_size, 1)
-    memcpy(frame + FRAME_HEADER_SIZE + 6 + topic_size, PyBytes_AS_STRING(payload), payload_size)
+    memcpy(
+        _put_batch_head(frame, size, SEND_TYPE, request_id, raw_topic, 1),
+        PyBytes_AS_STRING(payload),
+        payload_size,
+    )
     sent = _send_now(fd, frame, size)
     if sent < size:
         return CALL_UNWRITTEN, PyBytes_FromStringAndSize(frame + sent, size - sent)

@@ -231,10 +231,7 @@ class Pipeline:
         if frame is None:
             return None
         with self._lock:
-            # `unsent` goes out before anything else: the pipeline's, then.
-            alone = not (
-                connection.closed or connection.reading or connection.in_flight or connection.unsent
-            )
+            alone = _idle(connection)
             if alone:
                 _note_in_flight(connection, {request_id: [event]})
                 connection.reading = True
@@ -267,7 +264,7 @@ class Pipeline:
         if connection.tls is not None:
             return None
         with self._lock:
-            if connection.closed or connection.reading or connection.in_flight or connection.unsent:
+            if not _idle(connection):
                 return None
             request_id = self._next_id()
             # In flight for `_drop`; its target is noted only if it comes to `_read`.
@@ -649,6 +646,15 @@ def _encode(request_id: int, request: Request) -> bytes | None:
         assert not isinstance(request, Control)
         fail(request, InvalidEventError(str(exc)))
         return None
+
+
+def _idle(connection: Connection) -> bool:
+    """Whether a caller may make its call alone: nothing in flight or being read, and
+    nothing left unsent (`unsent` goes out before anything else: the pipeline's, then).
+    The caller holds the lock."""
+    return not (
+        connection.closed or connection.reading or connection.in_flight or connection.unsent
+    )
 
 
 def _note_in_flight(connection: Connection, requests: dict[int, Request]) -> None:
