@@ -26,6 +26,7 @@ from eventspool.wire.protocol import (
     Status,
     WireEvent,
     decode_send_result,
+    encode_frame,
     encode_send,
 )
 
@@ -120,9 +121,14 @@ def test_random_bodies_never_crash_the_intake_nor_the_result_decoder(
         decode_results(body)
 
 
+def _never(raw_topic: bytes) -> bool:
+    """The `learn` of a read where every topic but those in the inline set may wait."""
+    return False
+
+
 def _intake_read(spool: Spool, data: bytes) -> tuple[bytes, int, int]:
     """`intake_frames` on one read, TOPIC spooled inline."""
-    return intake_frames(spool, data, 1 << 20, {TOPIC.encode()}, _fallback(spool))  # type: ignore[arg-type]
+    return intake_frames(spool, data, 1 << 20, {TOPIC.encode()}, _never, _fallback(spool))  # type: ignore[arg-type]
 
 
 def _frames_of(answers: bytes) -> list[tuple[int, list[str | tuple[int, str]]]]:
@@ -159,19 +165,61 @@ def test_a_read_of_sends_is_spooled_frame_by_frame_up_to_the_first_partial_frame
 
 
 def test_a_read_stops_at_the_first_frame_it_leaves_to_python(tmp_path: Path) -> None:
-    """A topic not known to spool inline, a PING, headers: from there on, the read is the
-    Python path's, so a connection's requests keep their order."""
+    """A topic that may wait, a STATS, headers, a length out of bounds: from there on,
+    the read is the Python path's, so a connection's requests keep their order."""
     inline_send = encode_send(1, TOPIC, [WireEvent(b"a", None, None)])
     for stopper in (
-        encode_send(2, "unknown-yet", [WireEvent(b"b", None, None)]),
-        b"\x00\x00\x00\x05\x02\x00\x00\x00\x02",  # PING
+        encode_send(2, "may-wait", [WireEvent(b"b", None, None)]),
+        encode_frame(FrameType.STATS, 2, b""),
         encode_send(2, TOPIC, [WireEvent(b"b", None, [("h", b"x")])]),
+        b"\x00\x00\x00\x04",
+        b"POST /v1/topics/x HTTP/1.1\r\n",
     ):
         with _spool(tmp_path / str(len(stopper))) as spool:
             data = inline_send + stopper + inline_send
             answers, consumed, requests = _intake_read(spool, data)
             assert (consumed, requests) == (len(inline_send), 1)
             assert [request_id for request_id, _ in _frames_of(answers)] == [1]
+
+
+def test_pings_are_answered_in_order_and_new_topics_are_learned(tmp_path: Path) -> None:
+    learned: list[bytes] = []
+    inline = {TOPIC.encode()}
+
+    def learn(raw_topic: bytes) -> bool:
+        learned.append(raw_topic)
+        inline.add(raw_topic)
+        return True
+
+    data = (
+        encode_frame(FrameType.PING, 1, b"first")
+        + encode_send(2, "new-topic", [WireEvent(b"b", None, None)])
+        + encode_frame(FrameType.PING, 3, b"")
+        + encode_send(4, "new-topic", [WireEvent(b"c", None, None)])
+    )
+    with _spool(tmp_path) as spool:
+        answers, consumed, sends = intake_frames(
+            spool,
+            data,
+            1 << 20,
+            inline,
+            learn,
+            _fallback(spool),  # type: ignore[arg-type]
+        )
+        assert (consumed, sends, learned) == (len(data), 2, [b"new-topic"])
+        frames = FrameDecoder().feed(answers)
+        assert [(f.type, f.request_id) for f in frames] == [
+            (FrameType.PONG, 1),
+            (FrameType.SEND_RESULT, 2),
+            (FrameType.PONG, 3),
+            (FrameType.SEND_RESULT, 4),
+        ]
+        assert frames[0].body == b"first"
+        spooled = _spooled(spool)
+        assert [spooled[decode_results(frames[n].body)[0]] for n in (1, 3)] == [  # type: ignore[index]
+            (None, b"b"),
+            (None, b"c"),
+        ]
 
 
 @settings(max_examples=50)
@@ -189,7 +237,9 @@ def test_random_reads_never_crash_the_read_intake(
             data,
             4096,
             {TOPIC.encode(), b""},
+            _never,
             _fallback(spool),  # type: ignore[arg-type]
         )
         assert 0 <= consumed <= len(data)
-        assert len(FrameDecoder().feed(answers)) == requests
+        answered = FrameDecoder().feed(answers)
+        assert sum(frame.type is FrameType.SEND_RESULT for frame in answered) == requests

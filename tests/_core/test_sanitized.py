@@ -48,6 +48,7 @@ CORE_TESTS = (
     "tests/_core/test_record.py",
     "tests/_core/test_wire.py",
     "tests/_core/test_frames.py",
+    "tests/_core/test_listener.py",
 )
 
 # A line of any sanitizer report: ASan's "ERROR: AddressSanitizer: ..." and SUMMARY lines,

@@ -35,6 +35,7 @@ from eventspool.wire.protocol import (
     WireEvent,
     decode_error,
     decode_send_result,
+    encode_frame,
     encode_send,
 )
 from tests.agent.conftest import AgentFactory, call
@@ -133,6 +134,53 @@ def test_a_malformed_frame_closes_only_that_connection(agent_factory: AgentFacto
         healthy.send("fine", b"after")
     assert agent.process is not None
     assert agent.process.poll() is None
+
+
+def _frames(sock: socket.socket, count: int) -> list[Frame]:
+    decoder = FrameDecoder()
+    frames: list[Frame] = []
+    while len(frames) < count:
+        data = sock.recv(1 << 16)
+        assert data, "the agent closed the connection"
+        frames.extend(decoder.feed(data))
+    return frames
+
+
+def test_a_unix_connection_keeps_its_order_when_the_server_takes_it_over(
+    agent_factory: AgentFactory,
+) -> None:
+    """The compiled listener answers SENDs and PINGs; at a STATS it hands the connection,
+    with the answers it did not write yet, to the server, which answers the rest of the
+    read and everything after it in order. STATS counts the connections of both."""
+    agent = agent_factory()
+    agent.start()
+    with Client(agent.socket_path) as other:
+        other.send("fine", b"stays with the listener")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(agent.socket_path))
+            sock.settimeout(10)
+            sock.sendall(
+                encode_send(1, "fine", [WireEvent(b"a")])
+                + encode_send(2, "fine", [WireEvent(b"b")])
+                + encode_frame(FrameType.STATS, 3, b"")
+                + encode_send(4, "fine", [WireEvent(b"c")])
+                + encode_frame(FrameType.PING, 5, b"ping")
+            )
+            frames = _frames(sock, 5)
+            sock.sendall(encode_send(6, "fine", [WireEvent(b"d")]))
+            frames += _frames(sock, 1)
+        assert [(f.type, f.request_id) for f in frames] == [
+            (FrameType.SEND_RESULT, 1),
+            (FrameType.SEND_RESULT, 2),
+            (FrameType.STATS_RESULT, 3),
+            (FrameType.SEND_RESULT, 4),
+            (FrameType.PONG, 5),
+            (FrameType.SEND_RESULT, 6),
+        ]
+        ids = [decode_send_result(f.body)[0] for f in frames if f.type is FrameType.SEND_RESULT]
+        assert all(result.ok for result in ids) and len({r.text for r in ids}) == 4
+        assert json.loads(frames[2].body)["connections"] == 2
+        other.send("fine", b"still answered")
 
 
 def test_a_second_agent_on_the_same_spool_exits_with_a_clear_message(

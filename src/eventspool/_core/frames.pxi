@@ -2,10 +2,6 @@
 # stream. Included by native.pyx. The format is written out in eventspool/wire/protocol.py,
 # whose FrameDecoder keeps the partial frame between reads and words the faults.
 
-cdef enum:
-    FRAME_LENGTH_SIZE = 4
-    FRAME_MIN_LENGTH = 5  # type and request id
-
 # What stopped `split_frames` short of the end of its bytes, if anything did.
 FRAME_FAULT_NONE = 0
 FRAME_FAULT_TOO_LARGE = 1

@@ -6,9 +6,13 @@ cdef enum:
     # capping the count keeps a frame of tiny events (tombstones are one byte) from
     # costing far more memory than the frame itself.
     SEND_MAX_EVENTS = 10000
+    FRAME_LENGTH_SIZE = 4
+    FRAME_MIN_LENGTH = 5  # type and request id
     FRAME_HEADER_SIZE = 9  # length, type, request id
     SEND_TYPE = 1
+    PING_TYPE = 2
     SEND_RESULT_TYPE = 0x81
+    PONG_TYPE = 0x82
     STATUS_OK = 0
     WIRE_KEY = 1
     WIRE_VALUE = 2
@@ -115,6 +119,16 @@ cdef class _ResultBuffer:
         self.used += 3 + length
         return 0
 
+    cdef int put_frame(self, uint8_t frame_type, uint32_t request_id, const char *body, Py_ssize_t size) except -1:
+        """A whole frame of its own, as a PONG."""
+        cdef char *out = self.reserve(FRAME_HEADER_SIZE + size)
+        es_put_be32(out, <uint32_t>(size + 5))
+        out[4] = <char>frame_type
+        es_put_be32(out + 5, request_id)
+        memcpy(out + FRAME_HEADER_SIZE, body, size)
+        self.used += FRAME_HEADER_SIZE + size
+        return 0
+
     cdef int open_frame(self, uint32_t count) except -1:
         """Start a SEND_RESULT frame of `count` results; `close_frame` fills its header."""
         self.reserve(FRAME_HEADER_SIZE + 4 + <Py_ssize_t>count * OK_RESULT_SIZE)
@@ -154,38 +168,71 @@ def intake_send(SpoolFront front not None, uint32_t request_id, bytes body not N
     return out.frames(), accepted
 
 
-def intake_frames(SpoolFront front not None, bytes data not None, Py_ssize_t max_frame, set inline not None, fallback):
-    """Spool the SEND frames at the start of one read: (their SEND_RESULT frames, bytes
-    consumed, requests spooled).
+def intake_frames(SpoolFront front not None, bytes data not None, Py_ssize_t max_frame, set inline not None, learn, fallback):
+    """Answer the SENDs and PINGs at the start of one read: (their answers, bytes
+    consumed, SENDs spooled).
 
     The agent's per-read path for a connection without access rules or quotas: it stops
-    at the first frame it leaves to Python (not whole, not a SEND, to a topic not in
-    `inline`, the raw names of topics that never wait, or a body `intake_send` would
-    leave to the decoder), and Python takes the read from there, so a connection's
-    requests keep their order. Each frame is spooled as `intake_send` spools it.
+    at the first frame it leaves to Python (see `_spool_frames`), and Python takes the
+    read from there, so a connection's requests keep their order.
     """
-    cdef const char *p = PyBytes_AS_STRING(data)
-    cdef Py_ssize_t size = PyBytes_GET_SIZE(data), pos = 0, end, body_size
-    cdef uint32_t length
-    cdef const char *body
-    cdef int requests = 0
+    cdef int sends = 0
+    cdef bint partial
     cdef _ResultBuffer out = _ResultBuffer(FRAME_HEADER_SIZE + 4 + OK_RESULT_SIZE)
-    while size - pos >= FRAME_HEADER_SIZE:
+    consumed = _spool_frames(
+        front, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), max_frame, inline, learn,
+        fallback, out, &sends, &partial,
+    )
+    return out.frames(), consumed, sends
+
+
+cdef Py_ssize_t _spool_frames(
+    SpoolFront front, const char *p, Py_ssize_t size, Py_ssize_t max_frame, set inline,
+    learn, fallback, _ResultBuffer out, int *sends, bint *partial,
+) except -1:
+    """Spool and answer the whole SEND frames and PING frames that start `p`: the bytes
+    they took.
+
+    It stops at the end, at a partial SEND or PING (`partial` set: more bytes may make it
+    whole), or at the first frame it leaves to Python: any other type, a length out of
+    bounds, a SEND to a topic that may wait (`inline` holds the raw names of topics that
+    never wait; `learn(raw name)` judges one not there yet), or a body `intake_send`
+    would leave to the decoder. Each SEND is spooled as `intake_send` spools it.
+    """
+    cdef Py_ssize_t pos = 0, end, body_size
+    cdef uint32_t length
+    cdef uint8_t frame_type
+    cdef const char *body
+    partial[0] = False
+    while size - pos >= FRAME_LENGTH_SIZE:
         length = es_get_be32(p + pos)
+        if length < FRAME_MIN_LENGTH or length > max_frame:
+            return pos
+        if size - pos < FRAME_HEADER_SIZE:
+            break
+        frame_type = <uint8_t>p[pos + 4]
+        if frame_type != SEND_TYPE and frame_type != PING_TYPE:
+            return pos
         end = pos + 4 + <Py_ssize_t>length
-        if length < 5 or length > max_frame or end > size or p[pos + 4] != SEND_TYPE:
+        if end > size:
             break
         body = p + pos + FRAME_HEADER_SIZE
         body_size = end - pos - FRAME_HEADER_SIZE
+        if frame_type == PING_TYPE:
+            out.put_frame(PONG_TYPE, es_get_be32(p + pos + 5), body, body_size)
+            pos = end
+            continue
         if body_size < 2 or 2 + <Py_ssize_t>es_get_be16(body) > body_size:
-            break
-        if PyBytes_FromStringAndSize(body + 2, es_get_be16(body)) not in inline:
-            break
+            return pos
+        raw_topic = PyBytes_FromStringAndSize(body + 2, es_get_be16(body))
+        if raw_topic not in inline and not learn(raw_topic):
+            return pos
         if _intake_into(front, es_get_be32(p + pos + 5), body, body_size, fallback, out) < 0:
-            break
-        requests += 1
+            return pos
+        sends[0] += 1
         pos = end
-    return out.frames(), pos, requests
+    partial[0] = pos < size
+    return pos
 
 
 cdef int64_t _intake_into(

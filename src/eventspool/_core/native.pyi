@@ -203,6 +203,7 @@ def intake_frames(
     data: bytes,
     max_frame: int,
     inline: set[bytes],
+    learn: Callable[[bytes], bool],
     fallback: Callable[[str, bytes | None, bytes | None], tuple[int, bytes]],
 ) -> tuple[bytes, int, int]: ...
 def decode_results(body: bytes) -> list[str | tuple[int, str]]: ...
@@ -364,3 +365,25 @@ class Handoff:
     def __new__(cls, buffer: Buffer) -> Self: ...
     def put(self, blob: bytes) -> int | None: ...
     def take(self, start: int, size: int) -> bytes: ...
+
+LISTENER_ACCEPT_RETRY_S: float
+
+@disjoint_base
+class UnixIntake:
+    def __init__(
+        self,
+        listen_fd: int,
+        front: SpoolFront,
+        max_frame: int,
+        frame_timeout_s: float,
+        inline: set[bytes],
+        learn: Callable[[bytes], bool],
+        fallback: Callable[[str, bytes | None, bytes | None], tuple[int, bytes]],
+        hand_over: Callable[[int, bytes, bytes, bool], None],
+        counters: object,
+        failed: Callable[[str, BaseException], None],
+    ) -> None: ...
+    @property
+    def connections(self) -> int: ...
+    def stop(self) -> None: ...
+    def run(self) -> None: ...

@@ -18,6 +18,7 @@ import logging
 import socket
 import struct
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from eventspool.agent.access import Grant, Peer
@@ -49,11 +50,23 @@ _MAX_WAITING_REQUESTS = 256
 _PERMITTED_MAX = 1024
 
 
+@dataclass(frozen=True, slots=True)
+class HandedOver:
+    """What the unix socket's compiled listener passes on with a connection: the bytes
+    from the first frame it left to Python on, its answers not written yet, and whether
+    it answered frames before (the bytes are then past where HTTP is told apart)."""
+
+    first: bytes
+    unsent: bytes
+    answered: bool
+
+
 class FrameConnection(asyncio.Protocol):
     """One client connection: HTTP (handed to a stream task) or pipelined binary frames."""
 
-    def __init__(self, server: AgentServer) -> None:
+    def __init__(self, server: AgentServer, handed: HandedOver | None = None) -> None:
         self.server = server
+        self.handed = handed
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.client = ""
@@ -93,7 +106,18 @@ class FrameConnection(asyncio.Protocol):
             self.grant = rules.grant(peer)
         self.inline = self._judged_on_nothing()
         self.server.connections.add(self)
-        self.timer = self.loop.call_later(self.server.frame_timeout_s, self._silent)
+        handed = self.handed
+        if handed is None:
+            self.timer = self.loop.call_later(self.server.frame_timeout_s, self._silent)
+            return
+        self.handed = None
+        if handed.answered:
+            self.started = True
+        else:
+            self.timer = self.loop.call_later(self.server.frame_timeout_s, self._silent)
+        if handed.unsent:
+            self.transport.write(handed.unsent)
+        self.data_received(handed.first)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True

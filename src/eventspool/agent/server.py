@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 import ssl
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -27,6 +28,7 @@ from eventspool.agent.counters import AgentCounters
 from eventspool.agent.http import HttpHandlers, serve_http
 from eventspool.agent.quotas import Quotas
 from eventspool.agent.spooling import RequestSpooler
+from eventspool.agent.unix_listener import UnixListener
 from eventspool.metrics import render
 from eventspool.pipeline import Spool
 from eventspool.routing.exchanges import Exchange
@@ -89,6 +91,7 @@ class AgentServer:
             peer_rules=self.peer_rules,
         )
         self.connections: set[FrameConnection] = set()
+        self._unix: UnixListener | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._http_tasks: set[asyncio.Task[None]] = set()
         self._handshakes: set[asyncio.Task[None]] = set()
@@ -108,7 +111,7 @@ class AgentServer:
             "stalled": [asdict(queue) for queue in sender.stalled_queues()] if sender else [],
             "topic_warnings": dict(sender.topic_warnings) if sender else {},
             "protocol_errors": self.counters.protocol_errors,
-            "connections": len(self.connections),
+            "connections": len(self.connections) + (self._unix.connections if self._unix else 0),
             "budget": asdict(self.spool.budget()),
             "requests": self.counters.requests,
             "throttle_seconds": self.quotas.counters.throttle_seconds,
@@ -135,17 +138,29 @@ class AgentServer:
         self.socket_path.unlink(missing_ok=True)
         old_umask = os.umask(0o777 & ~self.socket_mode)
         try:
-            unix = await loop.create_unix_server(
-                lambda: FrameConnection(self), path=str(self.socket_path)
-            )
+            if self.judges_nothing():
+                self._unix = UnixListener(self, _bound_unix_socket(self.socket_path))
+            else:
+                unix = await loop.create_unix_server(
+                    lambda: FrameConnection(self), path=str(self.socket_path)
+                )
+                self._servers.append(unix)
         finally:
             os.umask(old_umask)
         os.chmod(self.socket_path, self.socket_mode)
-        self._servers.append(unix)
+        if self._unix is not None:
+            self._unix.start()
+
+    def judges_nothing(self) -> bool:
+        """No access rules and no quotas: no request of a unix client is judged, so the
+        compiled listener may serve the socket."""
+        return not self.peer_rules.rules and not self.allow.active and not self.quotas.enabled
 
     async def stop(self) -> None:
         """Stop accepting connections, answer what is being processed, close the rest."""
         self.spooler.accepting = False
+        if self._unix is not None:
+            await self._unix.stop()
         for server in self._servers:
             server.close()
         for handshake in list(self._handshakes):
@@ -348,6 +363,19 @@ class AgentServer:
     async def delete_exchange(self, name: str) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self.spool.delete_exchange, name)
+
+
+def _bound_unix_socket(path: Path) -> socket.socket:
+    """A listening unix socket at `path`, for the compiled listener to accept on."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def exchange_json(info: ExchangeInfo) -> dict[str, object]:

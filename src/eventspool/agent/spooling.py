@@ -3,9 +3,9 @@
 A request to queues that never wait (durability `process`, full policy not `block`) is
 spooled on the event loop, through the compiled intake when it is a SEND; one that may
 wait goes to the thread pool, queued per topic or exchange. Once a topic is known never
-to wait, a read's SENDs to it are spooled straight from the read (`spool_inline`). Each
-event gets its own status; a full disk is logged once a minute, not once per refused
-event.
+to wait, a read's SENDs to it are spooled straight from the read (`spool_inline`, and the
+unix socket's compiled listener). Each event gets its own status; a full disk is logged
+once a minute, not once per refused event.
 """
 
 from __future__ import annotations
@@ -78,18 +78,12 @@ class RequestSpooler:
         reaches one) are queued per topic or exchange.
         """
         body = frame.body
-        raw = body[2 : 2 + int.from_bytes(body[:2], "big")]
-        if frame.type is FrameType.SEND and raw in self.inline_topics:
-            return None
         name = target_name(body)
         if name is None:
             return None  # undecodable: refused at once
         if frame.type is FrameType.SEND:
-            if self._topic_may_wait(name):
-                return f"topic {name}"
-            if len(self.inline_topics) < _TOPIC_CACHE_MAX:
-                self.inline_topics.add(raw)
-            return None
+            raw = body[2 : 2 + int.from_bytes(body[:2], "big")]
+            return None if self.never_waits(raw) else f"topic {name}"
         try:
             topics = self.spool.exchange(name).exchange.topics()
         except UnknownExchangeError:
@@ -98,9 +92,25 @@ class RequestSpooler:
             return f"exchange {name}"
         return None
 
+    def never_waits(self, raw_topic: bytes) -> bool:
+        """Whether SENDs to the topic of this raw name are spooled at once (False for a
+        name that does not decode); the answer is kept in `inline_topics`."""
+        if raw_topic in self.inline_topics:
+            return True
+        try:
+            topic = raw_topic.decode()
+        except UnicodeDecodeError:
+            return False
+        if self._topic_may_wait(topic):
+            return False
+        if len(self.inline_topics) < _TOPIC_CACHE_MAX:
+            self.inline_topics.add(raw_topic)
+        return True
+
     def spool_inline(self, data: bytes, max_frame: int) -> tuple[bytes, int]:
-        """Spool the SENDs to `inline_topics` that start a read: (their answers, the
-        bytes they took). The rest of the read is the caller's, frame by frame.
+        """Answer the SENDs to topics that never wait and the PINGs that start a read:
+        (their answers, the bytes they took). The rest of the read is the caller's,
+        frame by frame.
 
         Only for a connection that nothing is judged on (no access rules, no quotas):
         this skips the decoder, the frame objects and the judging, half of the agent's
@@ -109,7 +119,7 @@ class RequestSpooler:
         if not self.accepting:
             return b"", 0
         answers, consumed, requests = intake_frames(
-            self.spool, data, max_frame, self.inline_topics, self._send_one
+            self.spool, data, max_frame, self.inline_topics, self.never_waits, self.send_one
         )
         self.counters.requests += requests
         return answers, consumed
@@ -121,7 +131,7 @@ class RequestSpooler:
     def spool_request(self, frame: Frame) -> Answer:
         """Spool a SEND or PUBLISH; its answer, whatever happens to its events."""
         if frame.type is FrameType.SEND and self.accepting:
-            compiled = intake_send(self.spool, frame.request_id, frame.body, self._send_one)
+            compiled = intake_send(self.spool, frame.request_id, frame.body, self.send_one)
             if compiled is not None:
                 return compiled
         try:
@@ -136,7 +146,7 @@ class RequestSpooler:
         results = self.results(request)
         return encode_send_result(frame.request_id, results), _accepted_bytes(request, results)
 
-    def _send_one(self, topic: str, value: bytes | None, key: bytes | None) -> tuple[int, bytes]:
+    def send_one(self, topic: str, value: bytes | None, key: bytes | None) -> tuple[int, bytes]:
         """The compiled intake's fallback: the Python policy for one event."""
         try:
             event_id = self.spool.send(topic, value, key)

@@ -1,0 +1,390 @@
+# The agent's unix socket served by the compiled core on a thread of its own: accept,
+# read, spool and answer, with no event loop in between. Included by native.pyx;
+# eventspool/agent/unix_listener.py runs it and takes the connections it hands over.
+
+from cpython.bytearray cimport PyByteArray_FromStringAndSize
+from libc.errno cimport ECONNABORTED, EMFILE, ENFILE, ENOBUFS, ENOMEM
+from libc.math cimport INFINITY
+from posix.time cimport CLOCK_MONOTONIC
+
+
+cdef extern from "<sys/epoll.h>" nogil:
+    ctypedef union epoll_data_t:
+        int fd
+        uint64_t u64
+    struct epoll_event:
+        uint32_t events
+        epoll_data_t data
+    int epoll_create1(int flags)
+    int epoll_ctl(int epoll_fd, int op, int fd, epoll_event *event)
+    int epoll_wait(int epoll_fd, epoll_event *events, int max_events, int timeout_ms)
+    enum:
+        EPOLLIN
+        EPOLLOUT
+        EPOLL_CTL_ADD
+        EPOLL_CTL_MOD
+        EPOLL_CTL_DEL
+        EPOLL_CLOEXEC
+
+
+cdef extern from "<sys/eventfd.h>" nogil:
+    int eventfd(unsigned int initial, int flags)
+    enum:
+        EFD_NONBLOCK
+        EFD_CLOEXEC
+
+
+cdef extern from "<sys/socket.h>" nogil:
+    int accept4(int fd, void *address, void *address_length, int flags)
+    enum:
+        SOCK_NONBLOCK
+        SOCK_CLOEXEC
+
+
+cdef enum:
+    LISTENER_EVENTS = 64  # epoll events taken per wake
+    LISTENER_READ_SIZE = 262144  # as the Python server reads
+    ACCEPTS_PER_WAKE = 64  # so that a burst of connections does not starve the others
+
+
+# Out of descriptors or memory: accepting pauses this long, as asyncio's servers do.
+LISTENER_ACCEPT_RETRY_S = 1.0
+
+
+cdef inline double _monotonic_s() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef inline object _os_error(int error):
+    return OSError(error, strerror(error).decode("utf-8", "replace"))
+
+
+cdef class _UnixPeer:
+    """One connection the compiled listener serves."""
+
+    cdef int fd
+    cdef bint heard  # it sent something: it is no longer timed as a silent connection
+    cdef bint answered  # the listener consumed frames of it: it is past its first bytes
+    cdef bytearray pending  # a partial frame's bytes, kept between reads
+    cdef bytes unsent  # answers the socket did not take yet; it is not read meanwhile
+    cdef double since  # when it connected, while silent; when its partial frame began
+
+
+cdef class UnixIntake:
+    """The unix socket's connections, served on the thread that calls `run`.
+
+    Only for an agent that judges nothing (no access rules, no quotas). A read's SENDs to
+    topics that never wait and its PINGs are answered from it at once (`_spool_frames`);
+    the answers of one read go out in one write. At the first frame it leaves to Python
+    the connection is handed over for good: `hand_over(fd, the bytes from that frame on,
+    answers not written yet, whether frames were answered before)`, called on this
+    thread. A connection that stays silent, or whose frame takes longer than
+    `frame_timeout_s` to arrive, is closed, as the Python server closes them; a client
+    that does not read its answers is not read either.
+    """
+
+    cdef int listen_fd
+    cdef int epoll_fd
+    cdef int wake_fd
+    cdef SpoolFront front
+    cdef Py_ssize_t max_frame
+    cdef double frame_timeout_s
+    cdef set inline
+    cdef object learn
+    cdef object fallback
+    cdef object hand_over
+    cdef object counters
+    cdef object failed
+    cdef dict peers
+    cdef bytearray read_buffer
+    cdef bint stopping
+    cdef bint listening
+    cdef double next_deadline  # the earliest a silent or partial connection times out
+    cdef double accept_again  # when accepting resumes after running out of descriptors
+
+    def __cinit__(self, *args, **kwargs):
+        self.epoll_fd = -1
+        self.wake_fd = -1
+
+    def __init__(
+        self,
+        int listen_fd,
+        SpoolFront front not None,
+        Py_ssize_t max_frame,
+        double frame_timeout_s,
+        set inline not None,
+        learn,
+        fallback,
+        hand_over,
+        counters,
+        failed,
+    ):
+        """`listen_fd` stays the caller's to close; `learn`, `fallback` and `inline` are
+        those of `intake_frames`; `counters` gets `requests` and `protocol_errors` added
+        to; `failed(what, exc)` reports what went wrong with one connection or with
+        accepting (the listener goes on)."""
+        if self.epoll_fd >= 0:
+            raise RuntimeError("UnixIntake is initialised once")
+        self.listen_fd = listen_fd
+        self.front = front
+        self.max_frame = max_frame
+        self.frame_timeout_s = frame_timeout_s
+        self.inline = inline
+        self.learn = learn
+        self.fallback = fallback
+        self.hand_over = hand_over
+        self.counters = counters
+        self.failed = failed
+        self.peers = {}
+        self.read_buffer = bytearray(LISTENER_READ_SIZE)
+        self.next_deadline = INFINITY
+        self.accept_again = 0.0
+        self.epoll_fd = epoll_create1(EPOLL_CLOEXEC)
+        if self.epoll_fd < 0:
+            raise _os_error(errno)
+        self.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+        if self.wake_fd < 0:
+            raise _os_error(errno)
+        self._watch(self.wake_fd, EPOLL_CTL_ADD, EPOLLIN)
+        self._watch(listen_fd, EPOLL_CTL_ADD, EPOLLIN)
+        self.listening = True
+
+    def __dealloc__(self):
+        if self.epoll_fd >= 0:
+            unistd.close(self.epoll_fd)
+        if self.wake_fd >= 0:
+            unistd.close(self.wake_fd)
+
+    @property
+    def connections(self) -> int:
+        return len(self.peers)
+
+    def stop(self) -> None:
+        """From any thread: `run` returns after the turn it is in."""
+        cdef uint64_t one = 1
+        unistd.write(self.wake_fd, &one, sizeof(one))
+
+    def run(self) -> None:
+        """Serve until `stop()`, then close the connections still here."""
+        cdef epoll_event events[LISTENER_EVENTS]
+        cdef int ready, i, timeout_ms, error = 0
+        try:
+            while not self.stopping:
+                timeout_ms = self._timeout_ms()
+                with nogil:
+                    ready = epoll_wait(self.epoll_fd, events, LISTENER_EVENTS, timeout_ms)
+                    if ready < 0:
+                        error = errno
+                if ready < 0:
+                    if error == EINTR:
+                        continue
+                    raise _os_error(error)
+                for i in range(ready):
+                    self._ready(events[i].data.fd, events[i].events)
+                self._expire()
+        finally:
+            for peer in list(self.peers.values()):
+                self._close(<_UnixPeer>peer)
+
+    cdef int _ready(self, int fd, uint32_t flags) except -1:
+        if fd == self.wake_fd:
+            self.stopping = True
+            return 0
+        if fd == self.listen_fd:
+            try:
+                self._accept()
+            except Exception as exc:
+                self.failed("accepting a connection", exc)
+            return 0
+        found = self.peers.get(fd)
+        if found is None:
+            return 0
+        peer = <_UnixPeer>found
+        try:
+            if peer.unsent is not None:
+                self._flush(peer)
+            else:
+                self._read(peer)
+        except Exception as exc:
+            self._close(peer)
+            self.failed("serving a connection", exc)
+        return 0
+
+    cdef int _watch(self, int fd, int op, uint32_t flags) except -1:
+        cdef epoll_event event
+        event.events = flags
+        event.data.u64 = 0
+        event.data.fd = fd
+        if epoll_ctl(self.epoll_fd, op, fd, &event) < 0:
+            raise _os_error(errno)
+        return 0
+
+    cdef int _timeout_ms(self) noexcept:
+        """Until the next connection may time out or accepting resumes; -1 for never."""
+        cdef double deadline = self.next_deadline
+        if not self.listening and self.accept_again < deadline:
+            deadline = self.accept_again
+        if deadline == INFINITY:
+            return -1
+        deadline -= _monotonic_s()
+        if deadline <= 0:
+            return 0
+        return <int>(deadline * 1000) + 1
+
+    cdef int _waits_until(self, double deadline) noexcept:
+        if deadline < self.next_deadline:
+            self.next_deadline = deadline
+        return 0
+
+    cdef int _accept(self) except -1:
+        cdef int fd, error, n
+        cdef _UnixPeer peer
+        for n in range(ACCEPTS_PER_WAKE):
+            fd = accept4(self.listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)
+            if fd < 0:
+                error = errno
+                if error == EAGAIN:
+                    return 0
+                if error == EINTR or error == ECONNABORTED:
+                    continue
+                if error == EMFILE or error == ENFILE or error == ENOBUFS or error == ENOMEM:
+                    self._watch(self.listen_fd, EPOLL_CTL_DEL, 0)
+                    self.listening = False
+                    self.accept_again = _monotonic_s() + LISTENER_ACCEPT_RETRY_S
+                raise _os_error(error)
+            peer = _UnixPeer.__new__(_UnixPeer)
+            peer.fd = fd
+            peer.since = _monotonic_s()
+            self.peers[fd] = peer
+            try:
+                self._watch(fd, EPOLL_CTL_ADD, EPOLLIN)
+            except OSError:
+                self._close(peer)
+                raise
+            self._waits_until(peer.since + self.frame_timeout_s)
+        return 0
+
+    cdef int _read(self, _UnixPeer peer) except -1:
+        """One read: answer its whole frames, keep a partial one, or hand the connection
+        over at the first frame left to Python."""
+        cdef Py_ssize_t got, size, consumed
+        cdef int error = 0, sends = 0
+        cdef bint partial
+        cdef const char *p
+        cdef char *into = PyByteArray_AS_STRING(self.read_buffer)
+        with nogil:
+            got = _socket_recv(peer.fd, into, LISTENER_READ_SIZE, MSG_DONTWAIT)
+            if got < 0:
+                error = errno
+        if got < 0 and (error == EAGAIN or error == EINTR):
+            return 0
+        if got <= 0:  # the client's end of file, or a reset: everything read was answered
+            self._close(peer)
+            return 0
+        peer.heard = True
+        data = peer.pending
+        if data is None:
+            p = into
+            size = got
+        else:
+            data.extend(memoryview(self.read_buffer)[:got])
+            p = PyByteArray_AS_STRING(data)
+            size = PyByteArray_GET_SIZE(data)
+        out = _ResultBuffer(FRAME_HEADER_SIZE + 4 + OK_RESULT_SIZE)
+        consumed = _spool_frames(
+            self.front, p, size, self.max_frame, self.inline, self.learn, self.fallback,
+            out, &sends, &partial,
+        )
+        if sends:
+            self.counters.requests += sends
+        if consumed < size and not partial:
+            self._hand_over(peer, p + consumed, size - consumed, out, peer.answered or consumed > 0)
+            return 0
+        if consumed:
+            peer.answered = True
+        if not partial:
+            peer.pending = None
+        elif data is None:
+            peer.pending = PyByteArray_FromStringAndSize(p + consumed, size - consumed)
+            peer.since = _monotonic_s()
+            self._waits_until(peer.since + self.frame_timeout_s)
+        elif consumed:
+            del data[:consumed]
+            peer.since = _monotonic_s()
+            self._waits_until(peer.since + self.frame_timeout_s)
+        if out.used:
+            self._write(peer, PyByteArray_AS_STRING(out.data), out.used)
+        return 0
+
+    cdef int _write(self, _UnixPeer peer, const char *data, Py_ssize_t size) except -1:
+        """Write what the socket takes now; the rest waits, and reading with it."""
+        cdef Py_ssize_t sent
+        cdef int error = 0
+        with nogil:
+            sent = _socket_send(peer.fd, data, size, MSG_DONTWAIT | MSG_NOSIGNAL)
+            if sent < 0:
+                error = errno
+        if sent < 0:
+            if error != EAGAIN and error != EINTR:  # the client is gone
+                self._close(peer)
+                return 0
+            sent = 0
+        if sent < size:
+            peer.unsent = PyBytes_FromStringAndSize(data + sent, size - sent)
+            self._watch(peer.fd, EPOLL_CTL_MOD, EPOLLOUT)
+        return 0
+
+    cdef int _flush(self, _UnixPeer peer) except -1:
+        unsent = peer.unsent
+        peer.unsent = None
+        self._watch(peer.fd, EPOLL_CTL_MOD, EPOLLIN)
+        self._write(peer, PyBytes_AS_STRING(unsent), PyBytes_GET_SIZE(unsent))
+        return 0
+
+    cdef int _hand_over(
+        self, _UnixPeer peer, const char *rest, Py_ssize_t size, _ResultBuffer out, bint answered
+    ) except -1:
+        cdef int fd = peer.fd
+        unsent = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(out.data), out.used)
+        self._watch(fd, EPOLL_CTL_DEL, 0)
+        del self.peers[fd]
+        peer.fd = -1
+        self.hand_over(fd, PyBytes_FromStringAndSize(rest, size), unsent, answered)
+        return 0
+
+    cdef int _close(self, _UnixPeer peer) except -1:
+        if peer.fd < 0:
+            return 0
+        if peer.unsent is not None:  # the last answers, if the socket takes them now
+            _socket_send(peer.fd, PyBytes_AS_STRING(peer.unsent), PyBytes_GET_SIZE(peer.unsent), MSG_DONTWAIT | MSG_NOSIGNAL)
+        unistd.close(peer.fd)  # which takes it out of the epoll set too
+        self.peers.pop(peer.fd, None)
+        peer.fd = -1
+        return 0
+
+    cdef int _expire(self) except -1:
+        """Close the connections silent or inside one frame for `frame_timeout_s`, and
+        resume accepting when it is time."""
+        cdef double now = _monotonic_s(), deadline, next_deadline = INFINITY
+        cdef _UnixPeer peer
+        if not self.listening and now >= self.accept_again:
+            self._watch(self.listen_fd, EPOLL_CTL_ADD, EPOLLIN)
+            self.listening = True
+        if now < self.next_deadline:
+            return 0
+        for found in list(self.peers.values()):
+            peer = <_UnixPeer>found
+            if peer.heard and peer.pending is None:
+                continue
+            deadline = peer.since + self.frame_timeout_s
+            if deadline > now:
+                if deadline < next_deadline:
+                    next_deadline = deadline
+                continue
+            if peer.heard:  # a frame arriving too slowly: a slowloris
+                self.counters.protocol_errors += 1
+            self._close(peer)
+        self.next_deadline = next_deadline
+        return 0
