@@ -96,6 +96,14 @@ cdef class _ResultBuffer:
         self.used = 0
         self.start = 0
 
+    cdef int clear(self, Py_ssize_t kept) except -1:
+        """Empty, for the next frames; memory beyond `kept` bytes is given back."""
+        self.used = 0
+        self.start = 0
+        if len(self.data) > kept:
+            self.data = bytearray(kept)
+        return 0
+
     cdef char *reserve(self, Py_ssize_t size) except NULL:
         cdef Py_ssize_t have = len(self.data)
         if self.used + size > have:

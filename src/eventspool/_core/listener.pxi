@@ -45,6 +45,7 @@ cdef enum:
     LISTENER_EVENTS = 64  # epoll events taken per wake
     LISTENER_READ_SIZE = 262144  # as the Python server reads
     ACCEPTS_PER_WAKE = 64  # so that a burst of connections does not starve the others
+    LISTENER_ANSWERS_KEPT = 65536  # the answer buffer shrinks back to this after a larger read
 
 
 # Out of descriptors or memory: accepting pauses this long, as asyncio's servers do.
@@ -99,6 +100,7 @@ cdef class UnixIntake:
     cdef object failed
     cdef dict peers
     cdef bytearray read_buffer
+    cdef _ResultBuffer answers  # a read's answers, reused read after read
     cdef bint stopping
     cdef bint listening
     cdef double next_deadline  # the earliest a silent or partial connection times out
@@ -139,6 +141,7 @@ cdef class UnixIntake:
         self.failed = failed
         self.peers = {}
         self.read_buffer = bytearray(LISTENER_READ_SIZE)
+        self.answers = _ResultBuffer(LISTENER_ANSWERS_KEPT)
         self.next_deadline = INFINITY
         self.accept_again = 0.0
         self.epoll_fd = epoll_create1(EPOLL_CLOEXEC)
@@ -167,7 +170,11 @@ cdef class UnixIntake:
         unistd.write(self.wake_fd, &one, sizeof(one))
 
     def run(self) -> None:
-        """Serve until `stop()`, then close the connections still here."""
+        """Serve until `stop()`, then close the connections still here.
+
+        The interpreter lock is let go only while waiting for the sockets: the reads and
+        writes never block, and taking the lock back after each would cost more.
+        """
         cdef epoll_event events[LISTENER_EVENTS]
         cdef int ready, i, timeout_ms, error = 0
         try:
@@ -274,10 +281,9 @@ cdef class UnixIntake:
         cdef bint partial
         cdef const char *p
         cdef char *into = PyByteArray_AS_STRING(self.read_buffer)
-        with nogil:
-            got = _socket_recv(peer.fd, into, LISTENER_READ_SIZE, MSG_DONTWAIT)
-            if got < 0:
-                error = errno
+        got = _socket_recv(peer.fd, into, LISTENER_READ_SIZE, MSG_DONTWAIT)
+        if got < 0:
+            error = errno
         if got < 0 and (error == EAGAIN or error == EINTR):
             return 0
         if got <= 0:  # the client's end of file, or a reset: everything read was answered
@@ -292,7 +298,8 @@ cdef class UnixIntake:
             data.extend(memoryview(self.read_buffer)[:got])
             p = PyByteArray_AS_STRING(data)
             size = PyByteArray_GET_SIZE(data)
-        out = _ResultBuffer(FRAME_HEADER_SIZE + 4 + OK_RESULT_SIZE)
+        out = self.answers
+        out.clear(LISTENER_ANSWERS_KEPT)
         consumed = _spool_frames(
             self.front, p, size, self.max_frame, self.inline, self.learn, self.fallback,
             out, &sends, &partial,
@@ -322,10 +329,9 @@ cdef class UnixIntake:
         """Write what the socket takes now; the rest waits, and reading with it."""
         cdef Py_ssize_t sent
         cdef int error = 0
-        with nogil:
-            sent = _socket_send(peer.fd, data, size, MSG_DONTWAIT | MSG_NOSIGNAL)
-            if sent < 0:
-                error = errno
+        sent = _socket_send(peer.fd, data, size, MSG_DONTWAIT | MSG_NOSIGNAL)
+        if sent < 0:
+            error = errno
         if sent < 0:
             if error != EAGAIN and error != EINTR:  # the client is gone
                 self._close(peer)
