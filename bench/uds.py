@@ -301,25 +301,28 @@ def processes_pass(children: Sequence[Child], lane: str, threads: int, seconds: 
 def instructions_per_round_trip(
     scratch: Path, bootstrap: str, echo: EchoServer, events: int
 ) -> dict[str, float]:
-    """callgrind's instructions per blocking `send()` in a second agent (its event loop's
-    thread, and all its threads: sender and librdkafka too), and per round trip in a
-    second echo server, each with one sequential caller."""
+    """callgrind's instructions per blocking `send()` in a second agent (its unix
+    listener's thread, and all its threads: sender and librdkafka too), and per round
+    trip in a second echo server, each with one sequential caller."""
     agent = configured_agent(scratch / "callgrind-agent", bootstrap)
-    agent_threads = instructions.per_exchange_by_thread(
+    agent_threads, listener_thread = instructions.per_exchange_by_thread(
         [sys.executable, "-m", "eventspool", "agent", "--config", os.fspath(agent.config)],
         agent.socket_path,
         lambda: _sender(Client(agent.socket_path, timeout=60)),
         events,
+        marker=b"UnixIntake",
     )
     echo_path = scratch / "callgrind-echo.sock"
-    echo_threads = instructions.per_exchange_by_thread(
+    echo_threads, _ = instructions.per_exchange_by_thread(
         [os.fspath(echo.binary), os.fspath(echo_path)],
         echo_path,
         lambda: _round_tripper(echo_path),
         events,
     )
+    if listener_thread is None:
+        raise RuntimeError("no thread of the agent under callgrind ran its unix listener")
     return {
-        "agent_loop_thread": agent_threads[0],
+        "agent_listener_thread": listener_thread,
         "agent": round(sum(agent_threads), 1),
         "c_echo": round(sum(echo_threads), 1),
     }
@@ -585,8 +588,8 @@ def build_result(
                         "agent",
                         "c_echo",
                         title="user-space instructions per Client.send() in the agent, all its "
-                        f"threads (its event loop's: {counts['agent_loop_thread']:,.0f}), one "
-                        "caller",
+                        f"threads (its unix listener's: {counts['agent_listener_thread']:,.0f}), "
+                        "one caller",
                         anchor_is="the C echo server's per 100-byte round trip",
                     )
                 ]

@@ -115,10 +115,12 @@ def per_exchange_by_thread(
     socket_path: Path,
     caller: Callable[[], AbstractContextManager[Callable[[], object]]],
     events: int,
-) -> list[float]:
+    marker: bytes | None = None,
+) -> tuple[list[float], float | None]:
     """Instructions per exchange of each thread of the server `command` (the first thread
-    first), which listens on `socket_path`: `caller()` gives the exchange to make, warmed
-    up before the counters are zeroed."""
+    first), which listens on `socket_path`, and of the busiest thread whose profile names
+    `marker` (a function of it), if one does: `caller()` gives the exchange to make,
+    warmed up before the counters are zeroed."""
     with tempfile.TemporaryDirectory(prefix="eventspool-callgrind-") as scratch:
         out = Path(scratch) / "callgrind.out"
         server = subprocess.Popen(
@@ -142,7 +144,13 @@ def per_exchange_by_thread(
         dumps = sorted(Path(scratch).glob("callgrind.out.1-*"))
         if not dumps:
             raise RuntimeError(f"callgrind dumped nothing for {command[0]}")
-        return [round(_total(dump) / events, 1) for dump in dumps]
+        per_thread = [round(_total(dump) / events, 1) for dump in dumps]
+        marked = [
+            count
+            for count, dump in zip(per_thread, dumps, strict=True)
+            if marker is not None and marker in dump.read_bytes()
+        ]
+        return per_thread, max(marked) if marked else None
 
 
 def _wait_for_listener(path: Path, server: subprocess.Popen[bytes]) -> None:
