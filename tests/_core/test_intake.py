@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from eventspool._core.native import decode_results, intake_frames, intake_send
 from eventspool.config import QueueSettings, SpoolSettings
-from eventspool.envelope import decode
 from eventspool.pipeline import Spool
 from eventspool.wire.protocol import (
     FrameDecoder,
@@ -29,6 +28,7 @@ from eventspool.wire.protocol import (
     encode_frame,
     encode_send,
 )
+from tests.wire_support import spooled
 
 TOPIC = "intake"
 SETTINGS = SpoolSettings(max_event_bytes=4096, queue=QueueSettings(capacity_bytes=1 << 20))
@@ -54,15 +54,6 @@ def _fallback(spool: Spool) -> object:
     return fallback
 
 
-def _spooled(spool: Spool) -> dict[str, tuple[bytes | None, bytes | None]]:
-    found = {}
-    for ref in spool.queues():
-        for record in ref.ring.read_batch(10_000, 1 << 24):
-            event = decode(record.payload)
-            found[event.event_id] = (event.key, event.value)
-    return found
-
-
 @settings(max_examples=30)
 @given(batch=events, request_id=st.integers(1, 2**32 - 1))
 def test_every_accepted_event_is_in_its_ring_under_the_id_it_was_answered_with(
@@ -83,8 +74,8 @@ def test_every_accepted_event_is_in_its_ring_under_the_id_it_was_answered_with(
         assert [r.text for r in decode_send_result(frame.body)] == ids
         assert all(isinstance(event_id, str) for event_id in ids)
         assert accepted == sum(len(k or b"") + len(v or b"") for k, v in batch)  # quotas
-        spooled = _spooled(spool)
-        assert [spooled[event_id] for event_id in ids] == batch  # type: ignore[index]
+        in_rings = spooled(spool)
+        assert [in_rings[event_id] for event_id in ids] == batch  # type: ignore[index]
 
 
 def test_a_topic_not_opened_yet_goes_through_the_fallback(tmp_path: Path) -> None:
@@ -96,7 +87,7 @@ def test_a_topic_not_opened_yet_goes_through_the_fallback(tmp_path: Path) -> Non
         assert answer is not None
         (frame,) = FrameDecoder().feed(answer[0])
         (event_id,) = decode_results(frame.body)
-        assert _spooled(spool)[str(event_id)] == (b"k", b"v")
+        assert spooled(spool)[str(event_id)] == (b"k", b"v")
 
 
 def test_events_with_headers_are_left_to_the_python_path(tmp_path: Path) -> None:
@@ -159,9 +150,9 @@ def test_a_read_of_sends_is_spooled_frame_by_frame_up_to_the_first_partial_frame
         assert (consumed, requests) == (len(b"".join(complete)), len(complete))
         answered = _frames_of(answers)
         assert [request_id for request_id, _ in answered] == list(range(1, len(complete) + 1))
-        spooled = _spooled(spool)
+        in_rings = spooled(spool)
         for (_, ids), batch in zip(answered, batches, strict=False):
-            assert [spooled[event_id] for event_id in ids] == batch  # type: ignore[index]
+            assert [in_rings[event_id] for event_id in ids] == batch  # type: ignore[index]
 
 
 def test_a_read_stops_at_the_first_frame_it_leaves_to_python(tmp_path: Path) -> None:
@@ -215,8 +206,8 @@ def test_pings_are_answered_in_order_and_new_topics_are_learned(tmp_path: Path) 
             (FrameType.SEND_RESULT, 4),
         ]
         assert frames[0].body == b"first"
-        spooled = _spooled(spool)
-        assert [spooled[decode_results(frames[n].body)[0]] for n in (1, 3)] == [  # type: ignore[index]
+        in_rings = spooled(spool)
+        assert [in_rings[decode_results(frames[n].body)[0]] for n in (1, 3)] == [  # type: ignore[index]
             (None, b"b"),
             (None, b"c"),
         ]

@@ -23,10 +23,8 @@ from hypothesis import strategies as st
 
 from eventspool._core.native import UnixIntake, decode_results
 from eventspool.config import QueueSettings, SpoolSettings
-from eventspool.envelope import decode
 from eventspool.pipeline import Spool
 from eventspool.wire.protocol import (
-    Frame,
     FrameDecoder,
     FrameType,
     Status,
@@ -34,6 +32,7 @@ from eventspool.wire.protocol import (
     encode_frame,
     encode_send,
 )
+from tests.wire_support import read_frames, spooled
 
 TOPIC = "listened"
 MAY_WAIT = "may-wait"
@@ -131,25 +130,6 @@ def _listening(directory: Path, frame_timeout_s: float = 30.0) -> Iterator[_List
     assert failures == []
 
 
-def _answers(sock: socket.socket, count: int) -> list[Frame]:
-    decoder = FrameDecoder()
-    frames: list[Frame] = []
-    while len(frames) < count:
-        data = sock.recv(1 << 16)
-        assert data, "the listener closed the connection"
-        frames.extend(decoder.feed(data))
-    return frames
-
-
-def _spooled(spool: Spool) -> dict[str, tuple[bytes | None, bytes | None]]:
-    found = {}
-    for ref in spool.queues():
-        for record in ref.ring.read_batch(10_000, 1 << 24):
-            event = decode(record.payload)
-            found[event.event_id] = (event.key, event.value)
-    return found
-
-
 def test_sends_and_pings_are_answered_and_spooled_under_their_ids(tmp_path: Path) -> None:
     with _listening(tmp_path) as listening, listening.connect() as sock:
         answered: list[tuple[str, tuple[bytes | None, bytes]]] = []
@@ -157,16 +137,16 @@ def test_sends_and_pings_are_answered_and_spooled_under_their_ids(tmp_path: Path
             key = None if request_id % 3 else b"k%d" % request_id
             value = b"v%d" % request_id
             sock.sendall(encode_send(request_id, TOPIC, [WireEvent(value, key)]))
-            (answer,) = _answers(sock, 1)
+            (answer,) = read_frames(sock, 1)
             assert (answer.type, answer.request_id) == (FrameType.SEND_RESULT, request_id)
             (event_id,) = decode_results(answer.body)
             assert isinstance(event_id, str)
             answered.append((event_id, (key, value)))
         sock.sendall(encode_frame(FrameType.PING, 99, b"are you there"))
-        (pong,) = _answers(sock, 1)
+        (pong,) = read_frames(sock, 1)
         assert (pong.type, pong.request_id, pong.body) == (FrameType.PONG, 99, b"are you there")
-        spooled = _spooled(listening.spool)
-        assert [spooled[event_id] for event_id, _ in answered] == [e for _, e in answered]
+        in_rings = spooled(listening.spool)
+        assert [in_rings[event_id] for event_id, _ in answered] == [e for _, e in answered]
         assert listening.counters.requests == 50
         assert listening.intake.connections == 1
 
@@ -177,7 +157,7 @@ def test_a_frame_in_pieces_is_answered_once_whole(tmp_path: Path) -> None:
         for cut in range(0, len(frames), 37):
             sock.sendall(frames[cut : cut + 37])
             time.sleep(0.002)
-        answers = _answers(sock, 2)
+        answers = read_frames(sock, 2)
         assert [(f.type, f.request_id) for f in answers] == [
             (FrameType.SEND_RESULT, 1),
             (FrameType.PONG, 2),
@@ -197,7 +177,7 @@ def test_the_first_frame_left_to_python_hands_the_connection_over(tmp_path: Path
         assert listening.intake.connections == 0
         # The descriptor is the server's now: the listener reads it no more.
         os.write(handed.fd, encode_frame(FrameType.PONG, 7, b"from the server"))
-        (pong,) = _answers(sock, 1)
+        (pong,) = read_frames(sock, 1)
         assert pong.request_id == 7
 
 
@@ -225,7 +205,7 @@ def test_silent_and_slow_connections_are_closed(tmp_path: Path) -> None:
         assert listening.counters.protocol_errors == 1
         with listening.connect() as fine:  # and the listener goes on
             fine.sendall(encode_frame(FrameType.PING, 1, b""))
-            assert _answers(fine, 1)[0].type is FrameType.PONG
+            assert read_frames(fine, 1)[0].type is FrameType.PONG
 
 
 def test_a_client_that_does_not_read_is_not_read_either(tmp_path: Path) -> None:
@@ -248,7 +228,7 @@ def test_a_client_that_does_not_read_is_not_read_either(tmp_path: Path) -> None:
         assert time.monotonic() < deadline, "the listener kept reading a client that reads nothing"
         sock.setblocking(True)
         whole = written // len(ping)
-        answers = _answers(sock, whole)
+        answers = read_frames(sock, whole)
         assert all(f.body == b"p" * 3000 for f in answers)
 
 
@@ -278,4 +258,4 @@ def test_random_bytes_never_crash_the_listener(
                 decoder.feed(chunk)
         with listening.connect() as after:
             after.sendall(encode_frame(FrameType.PING, 1, b""))
-            assert _answers(after, 1)[0].type is FrameType.PONG
+            assert read_frames(after, 1)[0].type is FrameType.PONG

@@ -39,6 +39,7 @@ from eventspool.wire.protocol import (
     encode_send,
 )
 from tests.agent.conftest import AgentFactory, call
+from tests.wire_support import read_frames
 
 
 def test_events_sent_through_the_agent_reach_kafka(
@@ -136,16 +137,6 @@ def test_a_malformed_frame_closes_only_that_connection(agent_factory: AgentFacto
     assert agent.process.poll() is None
 
 
-def _frames(sock: socket.socket, count: int) -> list[Frame]:
-    decoder = FrameDecoder()
-    frames: list[Frame] = []
-    while len(frames) < count:
-        data = sock.recv(1 << 16)
-        assert data, "the agent closed the connection"
-        frames.extend(decoder.feed(data))
-    return frames
-
-
 def test_a_unix_connection_keeps_its_order_when_the_server_takes_it_over(
     agent_factory: AgentFactory,
 ) -> None:
@@ -166,9 +157,9 @@ def test_a_unix_connection_keeps_its_order_when_the_server_takes_it_over(
                 + encode_send(4, "fine", [WireEvent(b"c")])
                 + encode_frame(FrameType.PING, 5, b"ping")
             )
-            frames = _frames(sock, 5)
+            frames = read_frames(sock, 5)
             sock.sendall(encode_send(6, "fine", [WireEvent(b"d")]))
-            frames += _frames(sock, 1)
+            frames += read_frames(sock, 1)
         assert [(f.type, f.request_id) for f in frames] == [
             (FrameType.SEND_RESULT, 1),
             (FrameType.SEND_RESULT, 2),
