@@ -9,7 +9,10 @@ file against the instrumented build.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import resource
 import socket
 import threading
 import time
@@ -259,3 +262,37 @@ def test_random_bytes_never_crash_the_listener(
         with listening.connect() as after:
             after.sendall(encode_frame(FrameType.PING, 1, b""))
             assert read_frames(after, 1)[0].type is FrameType.PONG
+
+
+def test_out_of_descriptors_pauses_accepting_and_loses_no_connection(tmp_path: Path) -> None:
+    """accept() failing with EMFILE is reported, accepting pauses for a second (as in
+    asyncio's servers), and every connection that waited is served once descriptors are
+    free again."""
+    with _listening(tmp_path) as listening:
+        clients = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(8)]
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, hard))
+        holes: list[int] = []
+        try:
+            with contextlib.suppress(OSError):  # every free number below the limit taken
+                while True:
+                    holes.append(os.dup(0))
+            for client in clients:  # connecting takes no new descriptor here
+                client.settimeout(TIMEOUT_S)
+                client.connect(listening.path)
+            deadline = time.monotonic() + TIMEOUT_S
+            while not listening.failures and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            for fd in holes:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        ((what, exc),) = listening.failures
+        assert what == "accepting a connection"
+        assert isinstance(exc, OSError) and exc.errno == errno.EMFILE
+        listening.failures.clear()
+        for number, client in enumerate(clients):
+            with client:
+                client.sendall(encode_frame(FrameType.PING, number, b""))
+                assert read_frames(client, 1)[0].request_id == number
