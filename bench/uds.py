@@ -311,6 +311,7 @@ def instructions_per_round_trip(
         lambda: _sender(Client(agent.socket_path, timeout=60)),
         events,
         marker=b"UnixIntake",
+        ready=partial(_routed, agent.socket_path),
     )
     echo_path = scratch / "callgrind-echo.sock"
     echo_threads, _ = instructions.per_exchange_by_thread(
@@ -326,6 +327,17 @@ def instructions_per_round_trip(
         "agent": round(sum(agent_threads), 1),
         "c_echo": round(sum(echo_threads), 1),
     }
+
+
+def _routed(socket_path: Path) -> bool:
+    """Whether the agent knows the bench topic's partitions: until then its events wait in
+    the topic's pending queue, on the Python path, which is not the one measured."""
+    with Client(socket_path, timeout=60) as client:
+        queues = client.stats()["queues"]
+    assert isinstance(queues, list)
+    return {queue["partition"] for queue in queues if queue["topic"] == TOPIC} == set(
+        range(PARTITIONS)
+    )
 
 
 @contextlib.contextmanager

@@ -115,12 +115,15 @@ def per_exchange_by_thread(
     socket_path: Path,
     caller: Callable[[], AbstractContextManager[Callable[[], object]]],
     events: int,
+    *,
     marker: bytes | None = None,
+    ready: Callable[[], bool] | None = None,
 ) -> tuple[list[float], float | None]:
     """Instructions per exchange of each thread of the server `command` (the first thread
-    first), which listens on `socket_path`, and of the busiest thread whose profile names
-    `marker` (a function of it), if one does: `caller()` gives the exchange to make,
-    warmed up before the counters are zeroed."""
+    first), which listens on `socket_path`, and of the thread whose profile names
+    `marker` (a function of it) most often, if one does: `caller()` gives the exchange to
+    make, warmed up (and, with `ready`, until the server says it is) before the counters
+    are zeroed."""
     with tempfile.TemporaryDirectory(prefix="eventspool-callgrind-") as scratch:
         out = Path(scratch) / "callgrind.out"
         server = subprocess.Popen(
@@ -134,6 +137,11 @@ def per_exchange_by_thread(
             with caller() as exchange:
                 for _ in range(SERVER_WARMUP_EXCHANGES):
                     exchange()
+                deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+                while ready is not None and not ready():
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{command[0]} was not ready after its warm-up")
+                    exchange()
                 _callgrind_control("-z", server.pid)
                 for _ in range(events):
                     exchange()
@@ -145,12 +153,11 @@ def per_exchange_by_thread(
         if not dumps:
             raise RuntimeError(f"callgrind dumped nothing for {command[0]}")
         per_thread = [round(_total(dump) / events, 1) for dump in dumps]
-        marked = [
-            count
-            for count, dump in zip(per_thread, dumps, strict=True)
-            if marker is not None and marker in dump.read_bytes()
-        ]
-        return per_thread, max(marked) if marked else None
+        if marker is None:
+            return per_thread, None
+        mentions = [dump.read_bytes().count(marker) for dump in dumps]
+        most = max(mentions)
+        return per_thread, per_thread[mentions.index(most)] if most else None
 
 
 def _wait_for_listener(path: Path, server: subprocess.Popen[bytes]) -> None:
