@@ -211,28 +211,45 @@ def test_silent_and_slow_connections_are_closed(tmp_path: Path) -> None:
             assert read_frames(fine, 1)[0].type is FrameType.PONG
 
 
+PING = encode_frame(FrameType.PING, 1, b"p" * 3000)
+
+
+def _write_until_blocked(sock: socket.socket) -> int:
+    """PINGs (answered in full) written until the socket takes no more: the bytes taken."""
+    sock.setblocking(False)
+    written = 0
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            written += sock.send(PING)
+        except BlockingIOError:
+            time.sleep(0.05)
+            try:
+                written += sock.send(PING)
+            except BlockingIOError:
+                sock.setblocking(True)
+                return written
+    raise AssertionError("the listener kept reading a client that reads nothing")
+
+
 def test_a_client_that_does_not_read_is_not_read_either(tmp_path: Path) -> None:
     """PINGs answered in full would buffer their echoes without end: the listener stops
     reading while its answers wait for room, so the client's writes block."""
-    ping = encode_frame(FrameType.PING, 1, b"p" * 3000)
     with _listening(tmp_path) as listening, listening.connect() as sock:
-        sock.setblocking(False)
-        written = 0
-        deadline = time.monotonic() + TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                written += sock.send(ping)
-            except BlockingIOError:
-                time.sleep(0.05)
-                try:
-                    written += sock.send(ping)
-                except BlockingIOError:
-                    break
-        assert time.monotonic() < deadline, "the listener kept reading a client that reads nothing"
-        sock.setblocking(True)
-        whole = written // len(ping)
+        whole = _write_until_blocked(sock) // len(PING)
         answers = read_frames(sock, whole)
         assert all(f.body == b"p" * 3000 for f in answers)
+
+
+def test_answers_not_written_when_it_stops_are_handed_over(tmp_path: Path) -> None:
+    """They answer events already spooled: the server writes them before it closes."""
+    with _listening(tmp_path) as listening:
+        sock = listening.connect()
+        _write_until_blocked(sock)
+    with sock:
+        (handed,) = listening.handed
+        assert (handed.first, handed.answered) == (b"", True)
+        assert handed.unsent
 
 
 @settings(max_examples=40, deadline=None)

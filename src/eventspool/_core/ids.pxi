@@ -49,8 +49,9 @@ cdef class EventIdGenerator:
         _hex(self._text + 24, tail & 0xFFFFFFFFFFFF, 12)
         self._last_ms = -1
 
-    cdef inline const char *make(self, int64_t now_ms) noexcept:
-        """The next id's 36 characters, valid until the next call."""
+    cdef inline void make_into(self, int64_t now_ms, char *out) noexcept:
+        """The next id's 36 characters, copied to `out`: a ring write may let go of the
+        interpreter lock, and another thread's id would overwrite the generator's own."""
         if now_ms > self._last_ms:
             self._set_ms(now_ms)
             self._counter = 0
@@ -60,7 +61,7 @@ cdef class EventIdGenerator:
                 self._set_ms(self._last_ms + 1)
                 self._counter = 0
         _hex(self._text + 15, self._counter, 3)
-        return self._text
+        memcpy(out, self._text, ID_LEN)
 
     cdef inline void _set_ms(self, int64_t ms) noexcept:
         cdef uint64_t t = <uint64_t>ms & 0xFFFFFFFFFFFF
@@ -76,7 +77,9 @@ cdef class EventIdGenerator:
     def next_id(self, now_ms=None) -> str:
         """A new id; pass `now_ms` when the caller has just read the clock anyway."""
         cdef int64_t now = self.now_ms() if now_ms is None else now_ms
-        return _ascii(self.make(now), ID_LEN)
+        cdef char text[ID_LEN]
+        self.make_into(now, text)
+        return _ascii(text, ID_LEN)
 
 
 _LIVE_GENERATORS = _weakref.WeakSet()

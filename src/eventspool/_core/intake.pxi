@@ -253,7 +253,7 @@ cdef int64_t _intake_into(
     cdef uint8_t flags
     cdef const char *k
     cdef const char *v
-    cdef const char *event_id
+    cdef char event_id[ID_LEN]
     cdef int64_t now, accepted = 0
     cdef int run = 0, partition
     cdef TopicRoute route = None
@@ -303,7 +303,7 @@ cdef int64_t _intake_into(
                             run = 0
                     if held is ring:
                         now = route._ids.now_ms()
-                        event_id = route._ids.make(now)
+                        route._ids.make_into(now, event_id)
                         if ring.write_envelope_locked(event_id, now, k, klen, v, vlen) >= 0:
                             out.put_ok(event_id)
                             accepted += (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0)

@@ -200,8 +200,16 @@ cdef class UnixIntake:
                     self._ready(events[i].data.fd, events[i].events)
                 self._expire()
         finally:
-            for peer in list(self.peers.values()):
-                self._close(<_UnixPeer>peer)
+            for found in list(self.peers.values()):
+                peer = <_UnixPeer>found
+                try:
+                    if peer.unsent is None:
+                        self._close(peer)
+                    else:  # answers of spooled events: the server writes them, then closes
+                        self._hand_over(peer, NULL, 0, peer.unsent, True)
+                except Exception as exc:
+                    self._close(peer)
+                    self._report("closing a connection", exc)
 
     cdef int _ready(self, int fd, uint32_t flags) except -1:
         if fd == self.wake_fd:
@@ -211,7 +219,7 @@ cdef class UnixIntake:
             try:
                 self._accept()
             except Exception as exc:
-                self.failed("accepting a connection", exc)
+                self._report("accepting a connection", exc)
             return 0
         found = self.peers.get(fd)
         if found is None:
@@ -224,7 +232,15 @@ cdef class UnixIntake:
                 self._read(peer)
         except Exception as exc:
             self._close(peer)
-            self.failed("serving a connection", exc)
+            self._report("serving a connection", exc)
+        return 0
+
+    cdef int _report(self, str what, exc) noexcept:
+        """`failed(what, exc)`; whatever it raises cannot stop the listener."""
+        try:
+            self.failed(what, exc)
+        except BaseException:
+            pass
         return 0
 
     cdef int _watch(self, int fd, int op, uint32_t flags) except -1:
@@ -315,7 +331,13 @@ cdef class UnixIntake:
         if sends:
             self.counters.requests += sends
         if consumed < size and not partial:
-            self._hand_over(peer, p + consumed, size - consumed, out, peer.answered or consumed > 0)
+            self._hand_over(
+                peer,
+                p + consumed,
+                size - consumed,
+                PyBytes_FromStringAndSize(PyByteArray_AS_STRING(out.data), out.used),
+                peer.answered or consumed > 0,
+            )
             return 0
         if consumed:
             peer.answered = True
@@ -358,14 +380,17 @@ cdef class UnixIntake:
         return 0
 
     cdef int _hand_over(
-        self, _UnixPeer peer, const char *rest, Py_ssize_t size, _ResultBuffer out, bint answered
+        self, _UnixPeer peer, const char *rest, Py_ssize_t size, bytes unsent, bint answered
     ) except -1:
         cdef int fd = peer.fd
-        unsent = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(out.data), out.used)
         self._watch(fd, EPOLL_CTL_DEL, 0)
         del self.peers[fd]
         peer.fd = -1
-        self.hand_over(fd, PyBytes_FromStringAndSize(rest, size), unsent, answered)
+        try:
+            self.hand_over(fd, PyBytes_FromStringAndSize(rest, size), unsent, answered)
+        except BaseException:
+            unistd.close(fd)  # nobody took it
+            raise
         return 0
 
     cdef int _close(self, _UnixPeer peer) except -1:
@@ -384,8 +409,12 @@ cdef class UnixIntake:
         cdef double now = _monotonic_s(), deadline, next_deadline = INFINITY
         cdef _UnixPeer peer
         if not self.listening and now >= self.accept_again:
-            self._watch(self.listen_fd, EPOLL_CTL_ADD, EPOLLIN)
-            self.listening = True
+            try:
+                self._watch(self.listen_fd, EPOLL_CTL_ADD, EPOLLIN)
+                self.listening = True
+            except OSError as exc:
+                self.accept_again = now + LISTENER_ACCEPT_RETRY_S
+                self._report("accepting again", exc)
         if now < self.next_deadline:
             return 0
         for found in list(self.peers.values()):

@@ -149,7 +149,7 @@ cdef class TopicRoute:
         cdef Py_ssize_t klen, vlen, size
         cdef int partition
         cdef int64_t now
-        cdef const char *event_id
+        cdef char event_id[ID_LEN]
         cdef const char *k = _bytes_or_null(key, &klen)
         cdef const char *v = _bytes_or_null(value, &vlen)
         size = _envelope_size(klen, vlen, -1)
@@ -163,7 +163,7 @@ cdef class TopicRoute:
         if ring is None:
             return None
         now = self._ids.now_ms()
-        event_id = self._ids.make(now)
+        self._ids.make_into(now, event_id)
         if (<RingCore>ring).write_envelope(event_id, now, k, klen, v, vlen) < 0:
             return None
         return _ascii(event_id, ID_LEN)

@@ -151,6 +151,14 @@ class AgentServer:
         if self._unix is not None:
             self._unix.start()
 
+    async def serve_unix_on_loop(self, sock: socket.socket) -> None:
+        """Serve the bound unix socket on the event loop: the compiled listener's stand-in
+        should it fail."""
+        unix = await asyncio.get_running_loop().create_unix_server(
+            lambda: FrameConnection(self), sock=sock
+        )
+        self._servers.append(unix)
+
     def judges_nothing(self) -> bool:
         """No access rules and no quotas: no request of a unix client is judged, so the
         compiled listener may serve the socket."""

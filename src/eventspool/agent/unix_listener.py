@@ -12,11 +12,12 @@ bytes read from that frame on and the answers not written yet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from eventspool._core.native import UnixIntake
 from eventspool.agent.connection import FrameConnection, HandedOver
@@ -47,10 +48,10 @@ class UnixListener:
             server.counters,
             self._failed,
         )
-        self.thread = threading.Thread(
-            target=self.intake.run, name="eventspool-unix-intake", daemon=True
-        )
-        self._adoptions: set[asyncio.Task[tuple[asyncio.Transport, asyncio.Protocol]]] = set()
+        self.thread = threading.Thread(target=self._run, name="eventspool-unix-intake", daemon=True)
+        self.stopping = False
+        # Connections being handed to the loop, and the loop's stand-in server starting.
+        self._adoptions: set[asyncio.Task[Any]] = set()
 
     @property
     def connections(self) -> int:
@@ -61,12 +62,31 @@ class UnixListener:
 
     async def stop(self) -> None:
         """Close the socket and the connections the thread still serves; every request it
-        read was answered."""
+        read was answered, and answers not written yet go to the server to write."""
+        self.stopping = True
         self.intake.stop()
         await asyncio.to_thread(self.thread.join)
         self.sock.close()
         for task in list(self._adoptions):
             await asyncio.gather(task, return_exceptions=True)
+
+    def _run(self) -> None:
+        """The thread: the intake until `stop()`. Should it end otherwise (an epoll
+        failure), the event loop serves the socket from then on."""
+        try:
+            self.intake.run()
+        except BaseException:
+            log.exception("unix socket: the compiled listener failed")
+        if not self.stopping:
+            log.error("unix socket: the compiled listener stopped; the event loop serves it now")
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the agent is gone
+                self.loop.call_soon_threadsafe(self._serve_on_loop)
+
+    def _serve_on_loop(self) -> None:
+        if not self.stopping:
+            task = self.loop.create_task(self.server.serve_unix_on_loop(self.sock))
+            self._adoptions.add(task)
+            task.add_done_callback(self._adopted)
 
     def _hand_over(self, fd: int, first: bytes, unsent: bytes, answered: bool) -> None:
         """On the intake's thread: the connection is the event loop's from here on."""
@@ -76,17 +96,16 @@ class UnixListener:
             os.close(fd)
 
     def _adopt(self, fd: int, handed: HandedOver) -> None:
+        """Also while the agent stops: the server writes the answers handed over, answers
+        what follows with SHUTTING_DOWN, and closes the connection once they are out."""
         sock = socket.socket(fileno=fd)
-        if not self.server.spooler.accepting:
-            sock.close()  # the agent is stopping: as if it had closed the connection
-            return
         task = self.loop.create_task(
             self.loop.connect_accepted_socket(lambda: FrameConnection(self.server, handed), sock)
         )
         self._adoptions.add(task)
         task.add_done_callback(self._adopted)
 
-    def _adopted(self, task: asyncio.Task[tuple[asyncio.Transport, asyncio.Protocol]]) -> None:
+    def _adopted(self, task: asyncio.Task[Any]) -> None:
         self._adoptions.discard(task)
         if not task.cancelled() and task.exception() is not None:
             self._failed("taking over a connection", task.exception())
