@@ -78,12 +78,15 @@ class RequestSpooler:
         reaches one) are queued per topic or exchange.
         """
         body = frame.body
+        if frame.type is FrameType.SEND and self.never_waits(
+            body[2 : 2 + int.from_bytes(body[:2], "big")]
+        ):
+            return None
         name = target_name(body)
         if name is None:
             return None  # undecodable: refused at once
         if frame.type is FrameType.SEND:
-            raw = body[2 : 2 + int.from_bytes(body[:2], "big")]
-            return None if self.never_waits(raw) else f"topic {name}"
+            return f"topic {name}"
         try:
             topics = self.spool.exchange(name).exchange.topics()
         except UnknownExchangeError:
