@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -39,11 +37,6 @@ def started(agent_factory: AgentFactory, extra: str = "") -> AgentProcess:
     agent = agent_factory(extra)
     agent.start()
     return agent
-
-
-def pid_of(agent: AgentProcess) -> int:
-    assert agent.process is not None
-    return agent.process.pid
 
 
 def assert_reached_kafka(broker: LocalBroker, topics: list[str], ids: list[str]) -> None:
@@ -323,7 +316,7 @@ def test_killed_agent_fails_in_flight_sends_and_later_sends_reconnect(
     async def main() -> list[str]:
         async with AsyncClient(agent.socket_path, timeout=30) as client:
             before = await client.send(topic, b"before")
-            os.kill(process.pid, signal.SIGSTOP)
+            agent.freeze()
             try:
                 in_flight = [
                     asyncio.create_task(client.send(topic, b"in flight %d" % i)) for i in range(50)
@@ -334,7 +327,7 @@ def test_killed_agent_fails_in_flight_sends_and_later_sends_reconnect(
                 await asyncio.to_thread(process.wait)
             finally:
                 if process.poll() is None:
-                    os.kill(process.pid, signal.SIGCONT)
+                    agent.thaw()
             outcomes = await asyncio.gather(*in_flight, return_exceptions=True)
             for outcome in outcomes:
                 assert isinstance(outcome, AgentError), outcome
@@ -419,20 +412,19 @@ def test_an_unreachable_agent_times_out(tmp_path: Path) -> None:
 
 def test_a_frozen_agent_times_out_and_the_client_recovers(agent_factory: AgentFactory) -> None:
     agent = started(agent_factory)
-    pid = pid_of(agent)
 
     async def main() -> None:
         async with AsyncClient(agent.socket_path) as client:
             await client.send("fine", b"warm")
             client.timeout = 0.5  # short only while frozen: the rest may meet a busy machine
-            os.kill(pid, signal.SIGSTOP)
+            agent.freeze()
             try:
                 began = time.monotonic()
                 with pytest.raises(AgentError, match="no answer within"):
                     await client.send("fine", b"frozen")
                 assert time.monotonic() - began < 5.0  # generous: a busy machine
             finally:
-                os.kill(pid, signal.SIGCONT)
+                agent.thaw()
             client.timeout = 10.0
             assert len(await client.send("fine", b"thawed")) == 36  # late answers are ignored
 
@@ -492,13 +484,12 @@ def test_a_cancelled_send_is_not_written(agent_factory: AgentFactory) -> None:
 def test_close_does_not_hang_on_a_frozen_agent(agent_factory: AgentFactory) -> None:
     """Megabytes the frozen agent never reads: the writer waits in drain(), close() must not."""
     agent = started(agent_factory)
-    pid = pid_of(agent)
 
     async def main() -> None:
         client = AsyncClient(agent.socket_path)
         await client.send("fine", b"warm")
         client.timeout = 0.5
-        os.kill(pid, signal.SIGSTOP)
+        agent.freeze()
         try:
             sends = [asyncio.create_task(client.send("fine", b"x" * 60_000)) for _ in range(100)]
             await asyncio.sleep(0.1)
@@ -508,7 +499,7 @@ def test_close_does_not_hang_on_a_frozen_agent(agent_factory: AgentFactory) -> N
             outcomes = await asyncio.gather(*sends, return_exceptions=True)
             assert all(isinstance(outcome, AgentError) for outcome in outcomes)
         finally:
-            os.kill(pid, signal.SIGCONT)
+            agent.thaw()
 
     run(main())
 

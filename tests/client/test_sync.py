@@ -8,8 +8,6 @@ connection, so no agent is needed; the rest run against a real agent.
 from __future__ import annotations
 
 import enum
-import os
-import signal
 import socket
 import threading
 import time
@@ -204,8 +202,8 @@ def test_send_async_waits_while_max_queued_events_await_their_answer(
     agent.start()
     with Client(agent.socket_path, max_queued=50) as client:
         client.send(topic, b"connect")
-        os.kill(agent.pid, signal.SIGSTOP)
-        resume = threading.Timer(1.0, os.kill, (agent.pid, signal.SIGCONT))
+        agent.freeze()
+        resume = threading.Timer(1.0, agent.thaw)
         try:
             started = time.monotonic()
             futures = [client.send_async(topic, b"event %d" % n) for n in range(50)]
@@ -215,7 +213,7 @@ def test_send_async_waits_while_max_queued_events_await_their_answer(
             waited = time.monotonic() - started
         finally:
             resume.join()
-            os.kill(agent.pid, signal.SIGCONT)
+            agent.thaw()
         assert over.done(), "the call over the bound returns once its event is answered"
         assert within_bound < 0.9
         assert waited >= 0.9
@@ -438,7 +436,7 @@ def test_a_lone_call_cut_off_by_an_agent_restart_fails_then_the_next_reconnects(
     agent.start()
     with Client(agent.socket_path, timeout=10.0) as client:
         client.send(topic, b"connect")
-        os.kill(agent.pid, signal.SIGSTOP)  # the next SEND is written, never answered
+        agent.freeze()  # the next SEND is written, never answered
         outcome: list[str | BaseException] = []
 
         def send() -> None:

@@ -115,6 +115,21 @@ class AgentProcess:
                 continue
             return time.monotonic() - started
 
+    def freeze(self) -> None:
+        """SIGSTOP the agent, returning once every thread of it has stopped: kill()
+        returns before a thread running on another core stops, and the agent's unix
+        listener answers a request in microseconds meanwhile."""
+        os.kill(self.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        while not _all_threads_stopped(self.pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the agent's threads did not stop within {_STOP_TIMEOUT_S} s")
+            time.sleep(0.001)
+
+    def thaw(self) -> None:
+        """SIGCONT the agent frozen by `freeze()`."""
+        os.kill(self.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL the agent and reap it; raises if it had already died by itself."""
         process = self.process
@@ -157,6 +172,19 @@ class AgentProcess:
     def _check_running(self) -> None:
         if self.process is not None and (code := self.process.poll()) is not None:
             raise RuntimeError(f"agent exited with {code}: {self.log_tail()}")
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is in the stopped state (T in /proc)."""
+    tasks = Path(f"/proc/{pid}/task")
+    for task in tasks.iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        if stat.rpartition(")")[2].split()[0] not in {"T", "t"}:
+            return False
+    return True
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
