@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from eventspool.broker import LocalBroker
 from eventspool.cli import main
-from tests.spark.conftest import SPARK_COMMAND_MARKS
+from tests.spark.conftest import SPARK_COMMAND_MARKS, command_failure
 from tests.spark.pipeline_data import RULES_TOML, archive_ids, pipeline_command, send_events
 
 pytestmark = SPARK_COMMAND_MARKS
@@ -34,7 +34,7 @@ def test_a_run_with_a_throwaway_database_archives_every_event(
     at = command.index("--dsn")
     command[at : at + 2] = ["--local-db"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, command_failure(done.stderr)
     assert "a throwaway PostgreSQL for this run" in done.stderr
     assert set(archive_ids(out)) == set(ids)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from eventspool.broker import LocalBroker
-from tests.spark.conftest import SPARK_COMMAND_MARKS
+from tests.spark.conftest import SPARK_COMMAND_MARKS, command_failure
 from tests.spark.pipeline_data import (
     RULES_TOML,
     archive_ids,
@@ -74,7 +74,7 @@ def test_sigkill_of_the_driver_mid_run_then_restart(
     assert 1 <= committed_at_kill < EVENTS // PER_BATCH
 
     second = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.returncode == 0, command_failure(second.stderr)
     archived = archive_ids(out)
     assert len(archived) == EVENTS
     assert set(archived) == set(ids) == want.event_ids

@@ -21,7 +21,7 @@ from eventspool.broker import LocalBroker
 from eventspool.verify import consume_event_ids, ledger
 from tests.fault.children import run_and_kill
 from tests.fault.retry_child import event_id_of
-from tests.spark.conftest import SPARK_COMMAND_MARKS
+from tests.spark.conftest import SPARK_COMMAND_MARKS, command_failure
 from tests.spark.pipeline_data import RULES_TOML, archive_ids, pipeline_command
 
 pytestmark = [*SPARK_COMMAND_MARKS, pytest.mark.fault]
@@ -117,7 +117,7 @@ def test_replayed_events_are_deduplicated_by_verify_and_the_raw_archive(
         broker.bootstrap_servers, topics[:1], out, database, rules, MASTER, EVENTS
     )
     run = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, command_failure(run.stderr)
     archived = archive_ids(out)
     assert sorted(archived) == sorted(expected), f"seed {seed}: the archive is not deduplicated"
     assert f"archive: {EVENTS} rows, {EVENTS} distinct event ids" in run.stdout

@@ -23,7 +23,7 @@ from eventspool.spark.kafka import KafkaSourceError, OffsetReader, read_range_ro
 from eventspool.spark.offsets import TopicPartition
 from eventspool.spark.options import parse_options
 from eventspool.spark.source import FORMAT, KafkaInputPartition, KafkaStreamReader, kafka_schema
-from tests.spark.conftest import SPARK_MARKS, produce
+from tests.spark.conftest import SPARK_MARKS, produce, raise_failure, wait_for
 
 pytestmark = SPARK_MARKS
 
@@ -60,7 +60,7 @@ def _stream_all(
         .start()
     )
     query.awaitTermination(120)
-    assert query.exception() is None
+    raise_failure(query)
     return _offsets(spark.table(name)), query
 
 
@@ -207,13 +207,6 @@ def test_starting_offsets_earliest_json_and_timestamp(
     assert future == []
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.5)
-
-
 def test_starting_offsets_latest_and_a_new_topic_matched_mid_query(
     spark: SparkSession, broker: LocalBroker, tmp_path: Path
 ) -> None:
@@ -236,7 +229,7 @@ def test_starting_offsets_latest_and_a_new_topic_matched_mid_query(
         .start()
     )
     try:
-        _wait_for(lambda: query.lastProgress is not None)
+        wait_for(query, lambda: query.lastProgress is not None)
         produce(broker.bootstrap_servers, first, [(0, None, b"new")])
         second = f"{prefix}-b"
         create_topic(broker.bootstrap_servers, second, 2)
@@ -246,7 +239,7 @@ def test_starting_offsets_latest_and_a_new_topic_matched_mid_query(
             table = spark.table(name).select("topic", "partition", "offset", "value")
             return sorted(tuple(r) for r in table.collect())
 
-        _wait_for(lambda: len(rows()) >= 3)
+        wait_for(query, lambda: len(rows()) >= 3)
         time.sleep(2)
         assert rows() == [
             (first, 0, 1, b"new"),

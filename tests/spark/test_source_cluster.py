@@ -13,8 +13,7 @@ from pyspark.sql import SparkSession
 
 from eventspool.broker.mock import MockCluster
 from eventspool.spark.source import FORMAT
-from tests.spark.conftest import SPARK_MARKS, produce
-from tests.spark.test_source import _wait_for
+from tests.spark.conftest import SPARK_MARKS, produce, wait_for
 
 pytestmark = SPARK_MARKS
 
@@ -54,7 +53,7 @@ def test_a_streaming_query_reads_through_leader_moves_and_a_broker_down(
         return {bytes(row.value) for row in spark.table(name).select("value").collect()}
 
     try:
-        _wait_for(lambda: len(values()) >= 600)
+        wait_for(query, lambda: len(values()) >= 600)
         for partition in range(PARTITIONS):
             cluster.set_leader(topic, partition, (partition + 1) % 3 + 1)
         send(600)
@@ -65,7 +64,7 @@ def test_a_streaming_query_reads_through_leader_moves_and_a_broker_down(
         time.sleep(3)
         cluster.broker_up(3)
         send(600)
-        _wait_for(lambda: values() >= sent)
+        wait_for(query, lambda: values() >= sent)
         assert query.exception() is None
         assert query.isActive
         assert values() == sent
