@@ -301,17 +301,15 @@ cdef class UnixIntake:
         """One read: answer its whole frames, keep a partial one, or hand the connection
         over at the first frame left to Python."""
         cdef Py_ssize_t got, size, consumed
-        cdef int error = 0, sends = 0
+        cdef int sends = 0
         cdef bint partial
         cdef const char *p
         cdef char *into = PyByteArray_AS_STRING(self.read_buffer)
         got = _socket_recv(peer.fd, into, LISTENER_READ_SIZE, MSG_DONTWAIT)
-        if got < 0:
-            error = errno
-        if got < 0 and (error == EAGAIN or error == EINTR):
-            return 0
-        if got <= 0:  # the client's end of file, or a reset: everything read was answered
-            self._close(peer)
+        if got <= 0:
+            if got < 0 and (errno == EAGAIN or errno == EINTR):
+                return 0
+            self._close(peer)  # the client's end of file, or a reset: all read was answered
             return 0
         peer.heard = True
         data = peer.pending
@@ -343,12 +341,11 @@ cdef class UnixIntake:
             peer.answered = True
         if not partial:
             peer.pending = None
-        elif data is None:
-            peer.pending = PyByteArray_FromStringAndSize(p + consumed, size - consumed)
-            peer.since = _monotonic_s()
-            self._waits_until(peer.since + self.frame_timeout_s)
-        elif consumed:
-            del data[:consumed]
+        elif data is None or consumed:  # a new partial frame: its time starts now
+            if data is None:
+                peer.pending = PyByteArray_FromStringAndSize(p + consumed, size - consumed)
+            else:
+                del data[:consumed]
             peer.since = _monotonic_s()
             self._waits_until(peer.since + self.frame_timeout_s)
         if out.used:
@@ -357,13 +354,9 @@ cdef class UnixIntake:
 
     cdef int _write(self, _UnixPeer peer, const char *data, Py_ssize_t size) except -1:
         """Write what the socket takes now; the rest waits, and reading with it."""
-        cdef Py_ssize_t sent
-        cdef int error = 0
-        sent = _socket_send(peer.fd, data, size, MSG_DONTWAIT | MSG_NOSIGNAL)
+        cdef Py_ssize_t sent = _socket_send(peer.fd, data, size, MSG_DONTWAIT | MSG_NOSIGNAL)
         if sent < 0:
-            error = errno
-        if sent < 0:
-            if error != EAGAIN and error != EINTR:  # the client is gone
+            if errno != EAGAIN and errno != EINTR:  # the client is gone
                 self._close(peer)
                 return 0
             sent = 0

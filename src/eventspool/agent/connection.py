@@ -206,9 +206,7 @@ class FrameConnection(asyncio.Protocol):
         return encode_frame(FrameType.AUTH_RESULT, frame.request_id, b"")
 
     def _judged_on_nothing(self) -> bool:
-        server = self.server
-        judged = self.unauthenticated or self.grant is not None or server.allow.active
-        return not judged and not server.quotas.enabled
+        return not self.unauthenticated and self.grant is None and not self.server.judges_requests()
 
     def _answer(self, frame: Frame) -> bytes | None:
         """The answer to write now, or None when it comes later (pool, quota delay)."""

@@ -159,10 +159,14 @@ class AgentServer:
         )
         self._servers.append(unix)
 
+    def judges_requests(self) -> bool:
+        """Whether every request is judged, whoever sends it: an allow-list, or quotas."""
+        return self.allow.active or self.quotas.enabled
+
     def judges_nothing(self) -> bool:
-        """No access rules and no quotas: no request of a unix client is judged, so the
+        """No access rules either: no request of a unix client is judged, so the
         compiled listener may serve the socket."""
-        return not self.peer_rules.rules and not self.allow.active and not self.quotas.enabled
+        return not self.peer_rules.rules and not self.judges_requests()
 
     async def stop(self) -> None:
         """Stop accepting connections, answer what is being processed, close the rest."""
