@@ -3,6 +3,7 @@ and the checks of a routed `send()` (the rest of the checks are `wire.checks`)."
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
 import uuid
@@ -83,7 +84,7 @@ def parse_target(
                 f"{text!r} is a unix socket path: ssl_context and token are for TCP "
                 f'targets ("{TCP_PREFIX}host:port")'
             )
-        return Target(text, path=text)
+        return _unix_target(text)
     host, sep, port = text.removeprefix(TCP_PREFIX).rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -97,6 +98,13 @@ def parse_target(
             raise ValueError("token must not be empty")
         raw_token = token.encode()
     return Target(text, None, host, int(port), ssl_context, raw_token)
+
+
+@functools.lru_cache(maxsize=64)
+def _unix_target(path: str) -> Target:
+    """One Target per socket path: a short-lived client builds it anew on every call, and
+    building a frozen dataclass cost it 1 us of CPU."""
+    return Target(path, path=path)
 
 
 @dataclass(frozen=True, slots=True)

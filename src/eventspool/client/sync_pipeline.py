@@ -95,8 +95,6 @@ class Pipeline:
         self.max_batch = max_batch
         self.reconnect_backoff_s = reconnect_backoff_s
         self._lock = threading.Lock()
-        # The reader thread waits here for answers that no caller is reading.
-        self._reader_wanted = threading.Condition(self._lock)
         # Appended to by callers and emptied by the writer without a lock: deque operations
         # are atomic, and the writer role is a try-lock, so callers never queue on a lock.
         self._pending: deque[Event | Control] = deque()
@@ -111,8 +109,8 @@ class Pipeline:
         with self._lock:
             self._closed = True
             connection = self._connection
-        pending = _take(self._pending, len(self._pending))
-        fail(pending, AgentError(f"agent at {self.target}: the client was closed"))
+        if pending := _take(self._pending, len(self._pending)):
+            fail(pending, AgentError(f"agent at {self.target}: the client was closed"))
         if connection is not None:
             self._drop(connection, "the client was closed")
             # Read under the lock: a dropped connection starts no reader after this.
@@ -511,24 +509,26 @@ class Pipeline:
         """
         if connection.closed:  # close() may be joining the reader: start none after it
             return
-        if connection.reader is None:
+        if connection.reader_wanted is None:
+            # Made with the thread: a Condition costs a short-lived client 2 us of CPU.
+            wanted = connection.reader_wanted = threading.Condition(self._lock)
             connection.reader = threading.Thread(
                 target=self._read_in_background,
-                args=(connection,),
+                args=(connection, wanted),
                 name="eventspool-client-reader",
                 daemon=True,
             )
             connection.reader.start()
         else:
-            self._reader_wanted.notify()
+            connection.reader_wanted.notify()
 
-    def _read_in_background(self, connection: Connection) -> None:
+    def _read_in_background(self, connection: Connection, wanted: threading.Condition) -> None:
         """Read the answers nobody waits for in person: those of `send_async()`, and the
-        rest when the caller who was reading got its own."""
+        rest when the caller who was reading got its own; `wanted` wakes it for more."""
         while True:
             with self._lock:
                 while not connection.closed and (connection.reading or not connection.in_flight):
-                    self._reader_wanted.wait()
+                    wanted.wait()
                 if connection.closed:
                     return
                 connection.reading = True
@@ -615,7 +615,8 @@ class Pipeline:
             if connection.closed:
                 return
             connection.closed = True
-            self._reader_wanted.notify_all()
+            if connection.reader_wanted is not None:
+                connection.reader_wanted.notify_all()
             if self._connection is connection:
                 self._connection = None
             requests = list(connection.in_flight.values())
@@ -625,9 +626,16 @@ class Pipeline:
                 self._backoff = 0.0
             else:
                 self._backoff = next_backoff(self._backoff, self.reconnect_backoff_s)
-        with contextlib.suppress(OSError):  # already broken: closing is all that is left
-            connection.sock.shutdown(socket.SHUT_RDWR)
+            # Shutting it down wakes a thread waiting in a read or a write of it, which
+            # closing does not. Nobody starts one now that it is closed, so when nobody
+            # reads or writes (a short-lived client's close) the call is saved.
+            in_use = connection.reading or self._writer.locked()
+        if in_use:
+            with contextlib.suppress(OSError):  # already broken: closing is all that is left
+                connection.sock.shutdown(socket.SHUT_RDWR)
         connection.sock.close()
+        if not requests:
+            return
         lost = AgentError(
             f"agent at {self.target}: the connection broke after the request was "
             f"written ({reason}); the outcome is unknown: it may or may not have been processed"
