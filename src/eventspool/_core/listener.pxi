@@ -222,9 +222,12 @@ cdef class UnixIntake:
                 self._report("accepting a connection", exc)
             return 0
         found = self.peers.get(fd)
-        if found is None:
-            return 0
-        peer = <_UnixPeer>found
+        if found is not None:
+            self._serve(<_UnixPeer>found)
+        return 0
+
+    cdef int _serve(self, _UnixPeer peer) except -1:
+        """Write what waits to be written, else read; a failure closes the connection."""
         try:
             if peer.unsent is not None:
                 self._flush(peer)
@@ -295,6 +298,10 @@ cdef class UnixIntake:
                 self._close(peer)
                 raise
             self._waits_until(peer.since + self.frame_timeout_s)
+            # A short-lived caller writes its request as soon as it is connected: read
+            # now, it is answered without waiting for the next turn, and the listener
+            # saves a wake-up and a turn for the interpreter lock.
+            self._serve(peer)
         return 0
 
     cdef int _read(self, _UnixPeer peer) except -1:
