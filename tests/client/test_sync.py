@@ -522,3 +522,16 @@ def test_closing_the_client_ends_a_lone_call_at_once(tmp_path: Path) -> None:
         with pytest.raises(AgentError, match="outcome is unknown"):
             client.send("t", b"v")
         assert time.monotonic() - started < 5
+
+
+def test_closing_the_client_ends_a_write_waiting_for_room_at_once(tmp_path: Path) -> None:
+    """A peer that never reads: the writer waits for room in the socket; close() must wake it."""
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "a.sock"))
+    listener.listen()
+    with listener, Client(tmp_path / "a.sock", timeout=30.0) as client:
+        threading.Timer(0.3, client.close).start()
+        started = time.monotonic()
+        with pytest.raises(AgentError):
+            client.send_many("t", [b"x" * 60_000] * 200)  # 12 MB, more than the socket holds
+        assert time.monotonic() - started < 5
