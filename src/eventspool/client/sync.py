@@ -131,12 +131,7 @@ class Client:
         `event_id` and consumers drop the copy). With `exchange` (and `topic=None`) the
         agent routes the event by `routing_key`, as `Spool.send()` does.
         """
-        if exchange is None:  # the usual case, without a call on the way
-            payload = event_payload(topic, value, key, headers, event_id)
-        else:
-            payload = routed_event_payload(
-                topic, value, key, headers, event_id, exchange=exchange, routing_key=routing_key
-            )
+        payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
         outcome = self._pipeline.call(topic, exchange, payload)
         if isinstance(outcome, str):
             return outcome
@@ -165,9 +160,7 @@ class Client:
         if exchange is None:  # the usual case, without a call on the way
             payload = event_payload(topic, value, key, headers, event_id)
         else:
-            payload = routed_event_payload(
-                topic, value, key, headers, event_id, exchange=exchange, routing_key=routing_key
-            )
+            payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
         outstanding = self._outstanding
         future = EventFuture(topic, exchange, payload, outstanding)
         self._pipeline.submit([future])
@@ -239,3 +232,20 @@ class Client:
         if isinstance(outcome, EventspoolError):
             raise outcome
         return control.body
+
+
+def _checked_payload(  # noqa: PLR0917  # send()'s own parameters, in its order
+    topic: str | None,
+    value: bytes | None,
+    key: bytes | str | None,
+    headers: HeadersInput | None,
+    event_id: str | uuid.UUID | None,
+    exchange: str | None,
+    routing_key: str,
+) -> bytes:
+    """Check the arguments, as `Spool.send()` does, before anything is queued."""
+    if exchange is None:
+        return event_payload(topic, value, key, headers, event_id)
+    return routed_event_payload(
+        topic, value, key, headers, event_id, exchange=exchange, routing_key=routing_key
+    )
