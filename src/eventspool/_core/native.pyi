@@ -237,9 +237,55 @@ CALL_ANSWERED: int
 CALL_UNWRITTEN: int
 CALL_READ: int
 
-def call_alone(
-    fd: int, request_id: int, raw_topic: bytes, payload: bytes, buffer: bytearray
-) -> tuple[int, Any]: ...
+@disjoint_base
+class CoreLock:
+    def acquire(self, blocking: bool = True, timeout: float = -1.0) -> bool: ...
+    def release(self) -> None: ...
+    def locked(self) -> bool: ...
+    def __enter__(self) -> bool: ...
+    def __exit__(self, *exc_info: object) -> None: ...
+
+@disjoint_base
+class InPerson:
+    _payload: bytes
+    # An Outcome of eventspool.wire.checks: the event_id, or the error that refused it.
+    outcome: Any
+    def __init__(self, topic: str, payload: bytes) -> None: ...
+    @property
+    def _topic(self) -> str: ...
+    @property
+    def _exchange(self) -> None: ...
+    def _settle(self, outcome: Any) -> None: ...
+    def done(self) -> bool: ...
+
+@disjoint_base
+class ConnectionCore:
+    fd: int
+    buffer: bytearray
+    # Request ids to the client's requests (eventspool.client.sync_requests.Request).
+    in_flight: dict[int, Any]
+    targets: dict[tuple[str | None, str | None], int]
+    unsent: bytes
+    # The client's Tls, which this layer does not import.
+    tls: Any
+    closed: bool
+    answered: bool
+    reading: bool
+    def idle(self) -> bool: ...
+    def note_in_flight(self, requests: dict[int, Any]) -> None: ...
+    def take_answered(self, request_id: int) -> Any: ...
+
+@disjoint_base
+class PipelineCore:
+    _lock: CoreLock
+    _writer: CoreLock
+    _pending: Any
+    _connection: Any
+    _closed: bool
+    timeout: float
+    def _next_id(self) -> int: ...
+    def call(self, topic: str | None, exchange: str | None, payload: bytes) -> Any: ...
+
 def encode_wire_event(
     value: bytes | None,
     key: bytes | None,

@@ -10,7 +10,8 @@ and feeds drained batches to librdkafka and accounts their delivery reports
 (delivery.pxi); it also writes the agent's SEND frames straight into the rings
 (intake.pxi), serves the agent's unix socket on a thread of its own (listener.pxi), cuts
 the wire's byte stream into frames (frames.pxi), encodes a client's events for those
-frames (wire.pxi), packs the consumer's key-ordered records for its workers (transfer.pxi), hands them over in shared
+frames (wire.pxi), keeps a blocking client's shared connection state and makes its
+send() alone on it (in_person.pxi), packs the consumer's key-ordered records for its workers (transfer.pxi), hands them over in shared
 memory (handoff.pxi) and builds the Records its handlers get (record.pxi). The formats
 are written out at the top of eventspool/spool/ring.py and eventspool/envelope.py; the
 golden-bytes tests check this code against them, not against itself.
@@ -161,6 +162,7 @@ include "delivery.pxi"
 include "intake.pxi"
 include "frames.pxi"
 include "wire.pxi"
+include "in_person.pxi"
 include "listener.pxi"
 include "transfer.pxi"
 include "record.pxi"

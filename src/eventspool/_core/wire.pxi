@@ -163,7 +163,7 @@ cdef extern from "<sys/socket.h>" nogil:
         MSG_DONTWAIT
         MSG_NOSIGNAL
 
-# What `call_alone` did: answered the call, or left the rest of it to the Python path.
+# What `_call_alone` did: answered the call, or left the rest of it to the Python path.
 CALL_ANSWERED = 0
 CALL_UNWRITTEN = 1
 CALL_READ = 2
@@ -229,7 +229,7 @@ cdef object _lone_outcome(const char *p, Py_ssize_t size, uint32_t request_id):
     return <uint8_t>p[ONE_RESULT_OFFSET], text
 
 
-def call_alone(int fd, uint32_t request_id, bytes raw_topic not None, bytes payload not None, bytearray buffer not None):
+cdef tuple _call_alone(int fd, uint32_t request_id, bytes raw_topic, bytes payload, bytearray buffer):
     """One event's SEND written and its answer read, on a blocking socket nobody else
     writes or reads now: (CALL_ANSWERED, the event_id or (status, text)).
 
@@ -256,10 +256,27 @@ def call_alone(int fd, uint32_t request_id, bytes raw_topic not None, bytes payl
         PyBytes_AS_STRING(payload),
         payload_size,
     )
-    sent = _send_now(fd, frame, size)
-    if sent < size:
-        return CALL_UNWRITTEN, PyBytes_FromStringAndSize(frame + sent, size - sent)
-    got = _receive(fd, into, PyByteArray_GET_SIZE(buffer))
+    cdef Py_ssize_t room = PyByteArray_GET_SIZE(buffer)
+    cdef int error = 0
+    # Written whole, the answer is waited for without taking the interpreter lock back
+    # in between; anything else goes through the steps that handle it.
+    with nogil:
+        sent = _socket_send(fd, frame, size, MSG_DONTWAIT | MSG_NOSIGNAL)
+        if sent == size:
+            got = _socket_recv(fd, into, room, 0)
+            if got < 0:
+                error = errno
+    if sent != size:
+        if sent < 0:  # nothing was written: trying again says why, or writes
+            sent = _send_now(fd, frame, size)
+        if sent < size:
+            return CALL_UNWRITTEN, PyBytes_FromStringAndSize(frame + sent, size - sent)
+        got = _receive(fd, into, room)
+    elif got < 0:
+        if error != EINTR:
+            raise OSError(error, strerror(error).decode("utf-8", "replace"))
+        PyErr_CheckSignals()
+        got = _receive(fd, into, room)
     outcome = _lone_outcome(into, got, request_id)
     if outcome is None:
         return CALL_READ, PyBytes_FromStringAndSize(into, got)

@@ -18,8 +18,8 @@ import ssl
 import struct
 import threading
 
+from eventspool._core.native import ConnectionCore
 from eventspool.client.common import Greeting, Target, greeting_failure
-from eventspool.client.sync_requests import Request, RequestTarget
 from eventspool.errors import AgentError
 from eventspool.wire.protocol import Frame, FrameDecoder, ProtocolError
 
@@ -88,27 +88,18 @@ class Tls:
             return b"".join(parts)
 
 
-class Connection:
-    """One socket to the agent, what awaits an answer on it, and who reads it now."""
+class Connection(ConnectionCore):
+    """One socket to the agent, what awaits an answer on it, and who reads it now (the
+    part a `send()` alone reads and sets is compiled: `ConnectionCore`)."""
 
     def __init__(self, sock: socket.socket, max_frame: int, tls: Tls | None = None) -> None:
         self.sock = sock
         self.fd = sock.fileno()
         self.tls = tls
         self.decoder = FrameDecoder(max_frame)
-        # The readers' `recv_into` target, reused for every read of this connection.
         self.buffer = bytearray(FIRST_READ_SIZE)
-        self.in_flight: dict[int, Request] = {}
-        # SENDs and PUBLISHes in flight per target: an event for a busy target waits
-        # for the reader, which writes it with the others queued meanwhile, in one frame.
-        self.targets: dict[RequestTarget, int] = {}
-        # Frames the reader wrote only in part; the writer role owns it.
-        self.unsent = b""
         self.poller = select.poll()
         self.poller.register(self.fd, select.POLLIN)
-        self.closed = False
-        self.answered = False
-        self.reading = False
         # True while a reader handles answers it has received: it writes what is queued
         # before it reads again, so callers that see it busy leave their events to it.
         self.reader_busy = False

@@ -38,7 +38,13 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from eventspool._core.native import CALL_ANSWERED, CALL_READ, CALL_UNWRITTEN, call_alone
+from eventspool._core.native import (
+    CALL_ANSWERED,
+    CALL_UNWRITTEN,
+    CoreLock,
+    InPerson,
+    PipelineCore,
+)
 from eventspool.client.common import Target, connect_failure, next_backoff
 from eventspool.client.sync_connection import (
     Connection,
@@ -51,7 +57,6 @@ from eventspool.client.sync_requests import (
     Control,
     Event,
     EventFuture,
-    InPerson,
     Reply,
     Request,
     Waiting,
@@ -76,8 +81,9 @@ from eventspool.wire.protocol import (
 _READER_BATCHES = 16
 
 
-class Pipeline:
-    """One client's requests on their way: queued, written, in flight, answered."""
+class Pipeline(PipelineCore):
+    """One client's requests on their way: queued, written, in flight, answered (a
+    `send()` alone on the connection runs through the compiled `PipelineCore.call`)."""
 
     def __init__(
         self,
@@ -94,14 +100,13 @@ class Pipeline:
         self.timeout = timeout
         self.max_batch = max_batch
         self.reconnect_backoff_s = reconnect_backoff_s
-        self._lock = threading.Lock()
+        self._lock = CoreLock()
         # Appended to by callers and emptied by the writer without a lock: deque operations
         # are atomic, and the writer role is a try-lock, so callers never queue on a lock.
         self._pending: deque[Event | Control] = deque()
-        self._writer = threading.Lock()
+        self._writer = CoreLock()
         self._connection: Connection | None = None
         self._backoff = 0.0
-        self._request_id = 0
         self._closed = False
 
     def close(self) -> None:
@@ -169,27 +174,9 @@ class Pipeline:
                 return
         self._flush()
 
-    def call(self, topic: str | None, exchange: str | None, payload: bytes) -> Outcome:
-        """A blocking `send()`: made in person when nothing else is queued, in flight or
-        being read (`_in_person`); otherwise queued, and waited for, like any call."""
-        if (
-            topic is not None  # else an exchange's
-            and not self._pending
-            and not self._closed
-            and self._writer.acquire(blocking=False)
-        ):
-            event = InPerson(topic, payload)
-            try:
-                reading = self._in_person(event)
-            finally:
-                self._writer.release()
-            if reading is not None:  # what others queued meanwhile, or a broken answer
-                self._read(reading, event, time.monotonic() + self.timeout)
-                return event.outcome or self._no_answer()
-            if event.outcome is not None:
-                if self._pending:  # queued while this caller held the writer role
-                    self._flush()
-                return event.outcome
+    def _call_queued(self, topic: str | None, exchange: str | None, payload: bytes) -> Outcome:
+        """A blocking `send()` not made in person (`PipelineCore.call`): sent alone or
+        queued, and waited for, like any call."""
         reply = Reply(1)
         self.send_alone(Waiting(topic, exchange, payload, reply))
         return self.wait(reply)[0]
@@ -229,9 +216,9 @@ class Pipeline:
         if frame is None:
             return None
         with self._lock:
-            alone = _idle(connection)
+            alone = connection.idle()
             if alone:
-                _note_in_flight(connection, {request_id: [event]})
+                connection.note_in_flight({request_id: [event]})
                 connection.reading = True
         if not alone:
             event._payload = payload  # the pipeline writes it after what came first
@@ -241,75 +228,39 @@ class Pipeline:
         self._write_waiting(connection, frame)
         return connection
 
-    def _in_person(self, event: InPerson) -> Connection | None:
-        """The writer makes `event`'s call whole with the compiled `call_alone`: written,
-        its answer read and settled. Returns the connection when `_read` must go on
-        reading it; None when the call is over (or was not made: not alone, or no
-        connection, whose reason is then the event's outcome).
-
-        What `call_alone` leaves (a frame the socket did not take whole, an answer that
-        is not this call's alone) is in flight as any request, for `_read`; so is the
-        reading when others queued meanwhile (they queue, as the writer role is held):
-        `_read` writes their events as the reader, then hands the reading on. Measured
-        with one caller on a 2-core VM: 39 us of client CPU per send through the
-        pipeline's steps, 15-19 us this way.
-        """
-        connection = self._connection
-        if connection is None or connection.closed:
-            connection = self._connect_or_fail([event])
-            if connection is None:
-                return None
-        if connection.tls is not None:
-            return None
-        with self._lock:
-            if not _idle(connection):
-                return None
-            request_id = self._next_id()
-            # In flight for `_drop`; its target is noted only if it comes to `_read`.
-            connection.in_flight[request_id] = [event]
-            connection.reading = True
-        refused: InvalidEventError | None = None
-        broken = ""
-        try:
-            kind, value = call_alone(
-                connection.fd, request_id, event._topic.encode(), event._payload, connection.buffer
-            )
-        except ValueError as exc:  # only sizes no frame can carry get here
-            kind, value, refused = CALL_READ, b"", InvalidEventError(str(exc))
-        except BlockingIOError:  # SO_RCVTIMEO ran out
-            kind, value, broken = CALL_READ, b"", f"no answer within {self.timeout} s"
-        except OSError as exc:
-            kind, value, broken = CALL_READ, b"", str(exc) or type(exc).__name__
-        event._payload = b""  # written: a broken connection fails it, it is never resent
-        answered = kind == CALL_ANSWERED
-        with self._lock:
-            request = connection.in_flight.pop(request_id, None)
-            if request is not None and not answered and refused is None:
-                _note_in_flight(connection, {request_id: request})
-            # Nobody queued meanwhile: nobody waits for this reader to write for them.
-            over = answered and not self._pending
-            if over:
-                connection.reading = False
-        if request is None:  # dropped meanwhile: failed with the others
-            return connection
-        if answered:
+    def _finish_in_person(
+        self,
+        connection: Connection,
+        event: InPerson,
+        kind: int,
+        value: object,
+        error: Exception | None,
+    ) -> None:
+        """End a call made in person that the compiled call left unsettled: a refusal, a
+        size no frame carries, a broken socket, a frame the socket did not take whole, or
+        bytes that are not this call's whole answer alone (the last two are in flight)."""
+        if kind == CALL_ANSWERED:
             connection.answered = True
-            event._settle(value if type(value) is str else refusal_error(value))
-        elif refused is not None:
-            event._settle(refused)
-        elif broken:
-            self._drop(connection, broken)
+            assert isinstance(value, tuple)
+            event._settle(refusal_error(value))
+        elif isinstance(error, ValueError):  # only sizes no frame can carry get here
+            event._settle(InvalidEventError(str(error)))
+        elif isinstance(error, BlockingIOError):  # SO_RCVTIMEO ran out
+            self._drop(connection, f"no answer within {self.timeout} s")
+        elif error is not None:
+            self._drop(connection, str(error) or type(error).__name__)
         elif kind == CALL_UNWRITTEN:
+            assert isinstance(value, bytes)
             self._write_waiting(connection, value)
         elif not value:
             self._drop(connection, "the agent closed the connection")
         else:
+            assert isinstance(value, bytes)
             try:
                 for frame in connection.decoder.feed(value):
                     self._answer(connection, frame)
             except ProtocolError as exc:
                 self._drop(connection, str(exc))
-        return None if over else connection
 
     def _flush(self) -> None:
         """Write what is queued, unless another thread is writing (it takes it along)."""
@@ -399,7 +350,7 @@ class Pipeline:
             # Dropped meanwhile (by the reader, or close()): nobody would settle these.
             closed = connection.closed
             if not closed:
-                _note_in_flight(connection, requests)
+                connection.note_in_flight(requests)
                 if not connection.reading and any(type(item) is EventFuture for item in batch):
                     self._wake_reader(connection)
         if closed:
@@ -437,11 +388,6 @@ class Pipeline:
             sizes = [len(item._payload) for item in group]
             requests.extend(group[cut] for cut in frame_slices(name, sizes, self.max_frame_bytes))
         return requests
-
-    def _next_id(self) -> int:
-        """Request ids wrap around but skip 0, the id of connection-level errors."""
-        self._request_id = self._request_id % 0xFFFFFFFF + 1
-        return self._request_id
 
     def _connect(self) -> Connection:
         """The open connection, or a new one (with backoff while the agent is away)."""
@@ -511,7 +457,9 @@ class Pipeline:
             return
         if connection.reader_wanted is None:
             # Made with the thread: a Condition costs a short-lived client 2 us of CPU.
-            wanted = connection.reader_wanted = threading.Condition(self._lock)
+            # It takes any lock with acquire() and release(); typeshed names only its own.
+            wanted = threading.Condition(self._lock)  # type: ignore[arg-type]
+            connection.reader_wanted = wanted
             connection.reader = threading.Thread(
                 target=self._read_in_background,
                 args=(connection, wanted),
@@ -593,14 +541,7 @@ class Pipeline:
 
     def _answer(self, connection: Connection, frame: Frame) -> None:
         with self._lock:
-            request = connection.in_flight.pop(frame.request_id, None)
-            if type(request) is list:
-                target = (request[0]._topic, request[0]._exchange)
-                left = connection.targets[target] - 1
-                if left:
-                    connection.targets[target] = left
-                else:
-                    del connection.targets[target]
+            request = connection.take_answered(frame.request_id)
         if request is None:
             if frame.type is FrameType.ERROR:
                 refusal = decode_error(frame.body).text
@@ -654,25 +595,6 @@ def _encode(request_id: int, request: Request) -> bytes | None:
         assert not isinstance(request, Control)
         fail(request, InvalidEventError(str(exc)))
         return None
-
-
-def _idle(connection: Connection) -> bool:
-    """Whether a caller may make its call alone: nothing in flight or being read, and
-    nothing left unsent (`unsent` goes out before anything else: the pipeline's, then).
-    The caller holds the lock."""
-    return not (
-        connection.closed or connection.reading or connection.in_flight or connection.unsent
-    )
-
-
-def _note_in_flight(connection: Connection, requests: dict[int, Request]) -> None:
-    """Note written requests as awaiting their answers; the caller holds the lock."""
-    connection.in_flight.update(requests)
-    targets = connection.targets
-    for request in requests.values():
-        if type(request) is list:
-            target = (request[0]._topic, request[0]._exchange)
-            targets[target] = targets.get(target, 0) + 1
 
 
 def _take(queue: deque[Event | Control], most: int) -> list[Event | Control]:

@@ -15,7 +15,7 @@ from concurrent.futures import InvalidStateError
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 
-from eventspool._core.native import decode_results
+from eventspool._core.native import InPerson, decode_results
 from eventspool.client.future import LazyFuture
 from eventspool.errors import AgentError, EventspoolError
 from eventspool.wire.checks import Outcome
@@ -124,26 +124,6 @@ class Waiting:
         self.reply.set(self.index, outcome)
 
 
-class InPerson:
-    """The event of a `send()` whose caller found the connection idle: it writes the
-    event and reads the answer itself, so only it (or a broken connection) settles it,
-    and its outcome needs no lock to wait on."""
-
-    __slots__ = ("_payload", "_topic", "outcome")
-    _exchange = None
-
-    def __init__(self, topic: str, payload: bytes) -> None:
-        self._topic: str = topic
-        self._payload = payload
-        self.outcome: Outcome | None = None
-
-    def _settle(self, outcome: Outcome) -> None:
-        self.outcome = outcome
-
-    def done(self) -> bool:
-        return self.outcome is not None
-
-
 #: One event on its way: the caller waits in person, or holds its future.
 Event = Waiting | EventFuture | InPerson
 
@@ -159,9 +139,6 @@ class Control:
 
 
 Request = list[Event] | Control
-
-#: The topic (or exchange) of a SEND (PUBLISH) in flight.
-RequestTarget = tuple[str | None, str | None]
 
 
 def encode_chunk(request_id: int, chunk: list[Event]) -> bytes:

@@ -1,0 +1,285 @@
+# The blocking client's connection state that its callers share, and a `send()` made in
+# person on it. Included by native.pyx; the pipeline's rules are written out in
+# eventspool/client/sync_pipeline.py, whose Pipeline and Connection build on these.
+#
+# Why compiled: with 16 processes each sending and waiting on two cores, the Python
+# around `_call_alone` (the writer role, the lock, the in-flight bookkeeping, the event
+# object and the settling) cost 6.5 us of client CPU per send, against 1.9 us run hot in
+# a loop. A caller resumed after its wait finds little of that in the CPU's caches; the
+# same steps on C fields and in one C function touch far less.
+
+from cpython.pythread cimport (
+    NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
+    PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock, PyThread_type_lock,
+)
+from time import monotonic as _monotonic
+
+cdef extern from "pythread.h":
+    PyLockStatus PyThread_acquire_lock_timed(
+        PyThread_type_lock lock, long long microseconds, int intr_flag
+    ) nogil
+
+
+cdef class CoreLock:
+    """A lock used as `threading.Lock` is (`with`, `acquire`, `release`, `locked`, and
+    under a `threading.Condition`) that compiled code takes and gives back without a
+    Python call: a `send()` alone takes the pipeline's locks three times, and those
+    method calls were a quarter of the client's instructions per send (callgrind)."""
+
+    cdef PyThread_type_lock _handle
+    cdef bint _held
+
+    def __cinit__(self):
+        self._handle = PyThread_allocate_lock()
+        if self._handle == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self._held:
+            PyThread_release_lock(self._handle)
+        PyThread_free_lock(self._handle)
+
+    cdef inline bint try_take(self) noexcept:
+        """Take the lock if it is free; under the interpreter lock, so it is atomic."""
+        if PyThread_acquire_lock(self._handle, NOWAIT_LOCK) == PY_LOCK_ACQUIRED:
+            self._held = True
+            return True
+        return False
+
+    cdef inline void take(self) noexcept:
+        """Take the lock, waiting for it without the interpreter lock."""
+        if not self.try_take():
+            with nogil:
+                PyThread_acquire_lock(self._handle, WAIT_LOCK)
+            self._held = True
+
+    cdef inline int give(self) except -1:
+        if not self._held:
+            raise RuntimeError("release unlocked lock")
+        self._held = False
+        PyThread_release_lock(self._handle)
+        return 0
+
+    def acquire(self, bint blocking=True, double timeout=-1) -> bool:
+        cdef PyLockStatus status
+        cdef long long microseconds
+        if not blocking and timeout != -1:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        if self.try_take():
+            return True
+        if not blocking:
+            return False
+        if timeout < 0:
+            self.take()
+            return True
+        microseconds = <long long>(timeout * 1e6)
+        with nogil:
+            status = PyThread_acquire_lock_timed(self._handle, microseconds, 0)
+        if status != PY_LOCK_ACQUIRED:
+            return False
+        self._held = True
+        return True
+
+    def release(self) -> None:
+        self.give()
+
+    def locked(self) -> bool:
+        return self._held
+
+    def __enter__(self) -> bool:
+        self.take()
+        return True
+
+    def __exit__(self, *exc_info) -> None:
+        self.give()
+
+
+cdef class InPerson:
+    """The event of a `send()` whose caller found the connection idle: it writes the
+    event and reads the answer itself, so only it (or a broken connection) settles it,
+    and its outcome needs no lock to wait on."""
+
+    cdef readonly str _topic
+    cdef public bytes _payload
+    cdef public object outcome
+    # Always None: an in-person call is a topic's; the pipeline asks every event for it.
+    cdef readonly object _exchange
+
+    def __init__(self, str topic not None, bytes payload not None):
+        self._topic = topic
+        self._payload = payload
+
+    def _settle(self, outcome) -> None:
+        self.outcome = outcome
+
+    def done(self) -> bool:
+        return self.outcome is not None
+
+
+cdef class ConnectionCore:
+    """What one blocking client's callers share about its connection: the requests in
+    flight, who reads, what is left unsent. The pipeline's lock guards it. In C, so a
+    `send()` alone on it (`PipelineCore.call`) reads and sets it without attribute
+    lookups; `Connection` adds the socket's Python side."""
+
+    cdef public int fd
+    # The readers' `recv_into` target, reused for every read of this connection.
+    cdef public bytearray buffer
+    cdef public dict in_flight
+    # SENDs and PUBLISHes in flight per target: an event for a busy target waits for the
+    # reader, which writes it with the others queued meanwhile, in one frame.
+    cdef public dict targets
+    # Frames the reader wrote only in part; the writer role owns it.
+    cdef public bytes unsent
+    cdef public object tls
+    cdef public bint closed, answered, reading
+
+    def __cinit__(self, *args, **kwargs):
+        self.in_flight = {}
+        self.targets = {}
+        self.unsent = b""
+
+    cpdef bint idle(self):
+        """Whether a caller may make its call alone: nothing in flight or being read, and
+        nothing left unsent (`unsent` goes out before anything else: the pipeline's,
+        then). The caller holds the lock."""
+        return not (self.closed or self.reading or self.in_flight or self.unsent)
+
+    def note_in_flight(self, dict requests not None) -> None:
+        """Note written requests as awaiting their answers; the caller holds the lock."""
+        cdef dict targets = self.targets
+        self.in_flight.update(requests)
+        for request in requests.values():
+            if type(request) is list:
+                target = _request_target(<list>request)
+                targets[target] = targets.get(target, 0) + 1
+
+    def take_answered(self, uint32_t request_id):
+        """The request that `request_id` answers, no longer in flight; None when there
+        is none. The caller holds the lock."""
+        cdef dict targets = self.targets
+        request = self.in_flight.pop(request_id, None)
+        if type(request) is list:
+            target = _request_target(<list>request)
+            left = targets[target] - 1
+            if left:
+                targets[target] = left
+            else:
+                del targets[target]
+        return request
+
+
+cdef inline tuple _request_target(list request):
+    first = request[0]
+    return first._topic, first._exchange
+
+
+cdef class PipelineCore:
+    """The part of a blocking client's `Pipeline` that a `send()` alone runs through:
+    the writer role, the lock, the queue and the connection it looks at, and the call
+    itself. Everything out of the ordinary is the Python subclass's."""
+
+    cdef public CoreLock _lock, _writer
+    cdef public object _pending, _connection
+    cdef public bint _closed
+    cdef public double timeout
+    cdef uint32_t _last_request_id
+
+    def _next_id(self) -> int:
+        return self._new_id()
+
+    cdef inline uint32_t _new_id(self) noexcept:
+        """Request ids wrap around but skip 0, the id of connection-level errors."""
+        self._last_request_id = self._last_request_id % 0xFFFFFFFF + 1
+        return self._last_request_id
+
+    def call(self, topic, exchange, bytes payload not None):
+        """A blocking `send()`: made in person when nothing else is queued, in flight or
+        being read (`_in_person`); otherwise queued, and waited for, like any call."""
+        cdef InPerson event
+        if (
+            topic is not None  # else an exchange's
+            and not self._pending
+            and not self._closed
+            and self._writer.try_take()
+        ):
+            event = InPerson(topic, payload)
+            try:
+                reading = self._in_person(event)
+            finally:
+                self._writer.give()
+            if reading is not None:  # what others queued meanwhile, or a broken answer
+                self._read(reading, event, _monotonic() + self.timeout)
+                return event.outcome or self._no_answer()
+            if event.outcome is not None:
+                if self._pending:  # queued while this caller held the writer role
+                    self._flush()
+                return event.outcome
+        return self._call_queued(topic, exchange, payload)
+
+    cdef object _in_person(self, InPerson event):
+        """The writer makes `event`'s call whole with `_call_alone`: written, its answer
+        read and settled. Returns the connection when `_read` must go on reading it;
+        None when the call is over (or was not made: not alone, or no connection, whose
+        reason is then the event's outcome).
+
+        What `_call_alone` leaves (a frame the socket did not take whole, an answer that
+        is not this call's alone) is in flight as any request, and the Python side
+        (`_finish_in_person`) goes on with it; so is the reading when others queued
+        meanwhile (they queue, as the writer role is held): `_read` writes their events
+        as the reader, then hands the reading on.
+        """
+        cdef ConnectionCore connection
+        cdef uint32_t request_id
+        cdef bint answered, over
+        found = self._connection
+        if found is None or (<ConnectionCore>found).closed:
+            found = self._connect_or_fail([event])
+            if found is None:
+                return None
+        connection = <ConnectionCore>found
+        if connection.tls is not None:
+            return None
+        cdef CoreLock lock = self._lock
+        lock.take()
+        try:
+            if not connection.idle():
+                return None
+            request_id = self._new_id()
+            # In flight for `_drop`; its target is noted only if it comes to `_read`.
+            connection.in_flight[request_id] = [event]
+            connection.reading = True
+        finally:
+            lock.give()
+        error = None
+        try:
+            kind, value = _call_alone(
+                connection.fd,
+                request_id,
+                PyUnicode_AsUTF8String(event._topic),
+                event._payload,
+                connection.buffer,
+            )
+        except (ValueError, OSError) as exc:  # a size no frame carries; a broken socket
+            kind, value, error = CALL_READ, b"", exc
+        event._payload = b""  # written: a broken connection fails it, it is never resent
+        answered = kind == CALL_ANSWERED
+        lock.take()
+        try:
+            request = connection.in_flight.pop(request_id, None)
+            if request is not None and not answered and not isinstance(error, ValueError):
+                connection.note_in_flight({request_id: request})
+            # Nobody queued meanwhile: nobody waits for this reader to write for them.
+            over = answered and not self._pending
+            if over:
+                connection.reading = False
+        finally:
+            lock.give()
+        if request is None:  # dropped meanwhile: failed with the others
+            return connection
+        if answered and type(value) is str:
+            connection.answered = True
+            event.outcome = value
+        else:
+            self._finish_in_person(connection, event, kind, value, error)
+        return None if over else connection
