@@ -3,10 +3,10 @@
 The test copies the package into a temporary directory, builds eventspool._core.native
 there with the project's own setup.py plus the sanitizer flags, and runs a short set of
 the tests that drive the core (envelopes, the ring, the partitioner, the agent's
-intake, the consumer's hand-over) in a child process whose PYTHONPATH puts that copy
-first. A buffer overrun, a use after free or undefined behaviour in the compiled code
-then stops the child with a sanitizer report, and this test fails with that report in
-its message.
+intake, the consumer's hand-over, the blocking client's call in person) in a child
+process whose PYTHONPATH puts that copy first. A buffer overrun, a use after free or
+undefined behaviour in the compiled code then stops the child with a sanitizer report,
+and this test fails with that report in its message.
 
 Nothing here imports from the temporary directory: only the child processes do. Three
 checks keep the run honest: the built module's imports name the sanitizer runtimes
@@ -49,6 +49,8 @@ CORE_TESTS = (
     "tests/_core/test_wire.py",
     "tests/_core/test_frames.py",
     "tests/_core/test_listener.py",
+    "tests/_core/test_core_lock.py",
+    "tests/client/test_sync_in_person.py",
 )
 
 # A line of any sanitizer report: ASan's "ERROR: AddressSanitizer: ..." and SUMMARY lines,

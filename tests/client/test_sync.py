@@ -19,19 +19,11 @@ from typing import Any
 
 import pytest
 
-from eventspool import EventTooLargeError, InvalidEventError, InvalidTopicError, SpoolFullError
+from eventspool import EventTooLargeError, InvalidEventError, InvalidTopicError
 from eventspool.broker import LocalBroker
 from eventspool.client.sync import AgentError, Client
 from eventspool.verify import consume_event_ids, ledger
 from eventspool.wire.checks import BatchEvent
-from eventspool.wire.protocol import (
-    EventResult,
-    Frame,
-    FrameDecoder,
-    Status,
-    encode_error,
-    encode_send_result,
-)
 from tests.agent import conftest as agent_fixtures
 from tests.agent.conftest import AgentFactory
 
@@ -458,80 +450,3 @@ def test_a_lone_call_cut_off_by_an_agent_restart_fails_then_the_next_reconnects(
         agent.start_answering()
         chosen = str(uuid.uuid4())
         assert client.send(topic, b"after the restart", event_id=chosen) == chosen
-
-
-def _scripted_agent(path: Path, answer: Callable[[Frame], list[bytes]]) -> threading.Thread:
-    """A peer on a real unix socket that answers each request with `answer`'s chunks,
-    written one by one 50 ms apart: what a real agent never does on its own (answers
-    cut across reads, wrong ids), for the lone call to meet."""
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(path))
-    listener.listen()
-
-    def serve() -> None:
-        with listener, listener.accept()[0] as peer:
-            decoder = FrameDecoder()
-            while data := peer.recv(65536):
-                for frame in decoder.feed(data):
-                    for chunk in answer(frame):
-                        time.sleep(0.05)
-                        peer.sendall(chunk)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return thread
-
-
-EVENT_ID = "0190a5c3-7e1f-7a00-8c2b-3d4e5f607182"
-
-
-def test_a_lone_call_whose_answer_comes_in_pieces_gets_it_whole(tmp_path: Path) -> None:
-    def halves(frame: Frame) -> list[bytes]:
-        answer = encode_send_result(frame.request_id, [EventResult(Status.OK, EVENT_ID)])
-        return [answer[:7], answer[7:]]
-
-    _scripted_agent(tmp_path / "a.sock", halves)
-    with Client(tmp_path / "a.sock") as client:
-        assert client.send("t", b"v") == EVENT_ID
-        assert client.send("t", b"v") == EVENT_ID  # and the connection is still in step
-
-
-def test_a_lone_call_refused_raises_its_own_error(tmp_path: Path) -> None:
-    def full(frame: Frame) -> list[bytes]:
-        return [encode_send_result(frame.request_id, [EventResult(Status.SPOOL_FULL, "full")])]
-
-    _scripted_agent(tmp_path / "a.sock", full)
-    with Client(tmp_path / "a.sock") as client, pytest.raises(SpoolFullError, match="full"):
-        client.send("t", b"v")
-
-
-def test_a_lone_call_answered_by_a_connection_error_fails_in_words(tmp_path: Path) -> None:
-    def refused(_frame: Frame) -> list[bytes]:
-        return [encode_error(0, Status.MALFORMED, "out of step")]
-
-    _scripted_agent(tmp_path / "a.sock", refused)
-    with Client(tmp_path / "a.sock") as client, pytest.raises(AgentError, match="out of step"):
-        client.send("t", b"v")
-
-
-def test_closing_the_client_ends_a_lone_call_at_once(tmp_path: Path) -> None:
-    _scripted_agent(tmp_path / "a.sock", lambda _frame: [])  # never answers
-    with Client(tmp_path / "a.sock", timeout=30.0) as client:
-        threading.Timer(0.3, client.close).start()
-        started = time.monotonic()
-        with pytest.raises(AgentError, match="outcome is unknown"):
-            client.send("t", b"v")
-        assert time.monotonic() - started < 5
-
-
-def test_closing_the_client_ends_a_write_waiting_for_room_at_once(tmp_path: Path) -> None:
-    """A peer that never reads: the writer waits for room in the socket; close() must wake it."""
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(tmp_path / "a.sock"))
-    listener.listen()
-    with listener, Client(tmp_path / "a.sock", timeout=30.0) as client:
-        threading.Timer(0.3, client.close).start()
-        started = time.monotonic()
-        with pytest.raises(AgentError):
-            client.send_many("t", [b"x" * 60_000] * 200)  # 12 MB, more than the socket holds
-        assert time.monotonic() - started < 5
