@@ -8,6 +8,7 @@ instrumented build.
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from eventspool import SpoolFullError
+from eventspool._core.native import block_with_timeout
 from eventspool.client.sync import AgentError, Client
 from eventspool.wire.protocol import (
     EventResult,
@@ -147,3 +149,24 @@ def test_closing_the_client_ends_a_write_waiting_for_room_at_once(tmp_path: Path
         with pytest.raises(AgentError):
             client.send_many("t", [b"x" * 60_000] * 200)  # 12 MB, more than the socket holds
         assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("timeout", [0.25, 3.5, 1e-7])
+def test_a_socket_gives_up_after_its_timeout_never_zero_which_means_never(
+    timeout: float,
+) -> None:
+    """The kernel keeps the timeout in clock ticks, rounded up: what it gives back is at
+    least the timeout and less than a tick (at most 10 ms) over it, and never zero."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        block_with_timeout(sock.fileno(), timeout)
+        for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            raw = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("@ll"))
+            seconds, micros = struct.unpack("@ll", raw)
+            kept = seconds + micros / 1e6
+            assert kept > 0
+            assert timeout - 1e-6 <= kept < timeout + 0.0101
+
+
+def test_timeouts_on_something_not_a_socket_raise_oserror(tmp_path: Path) -> None:
+    with open(tmp_path / "plain", "wb") as plain, pytest.raises(OSError):
+        block_with_timeout(plain.fileno(), 1.0)

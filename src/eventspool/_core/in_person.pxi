@@ -20,6 +20,39 @@ cdef extern from "pythread.h":
     ) nogil
 
 
+cdef extern from "<sys/time.h>" nogil:
+    cdef struct timeval:
+        long tv_sec
+        long tv_usec
+
+cdef extern from "<sys/socket.h>" nogil:
+    int setsockopt(int fd, int level, int name, const void *value, unsigned int size)
+    enum:
+        SOL_SOCKET
+        SO_RCVTIMEO
+        SO_SNDTIMEO
+
+
+def block_with_timeout(int fd, double timeout) -> None:
+    """Give the blocking socket `fd` reads and writes that give up after `timeout`
+    seconds (SO_RCVTIMEO, SO_SNDTIMEO); at least 1 us, as a zero timeval means never.
+
+    Compiled because `socket.setsockopt` with a struct first tries its value as an int
+    and formats the TypeError it clears: twice per option, 24,000 of a short-lived
+    client's 106,000 instructions per connect, send and close (callgrind).
+    """
+    cdef timeval interval
+    interval.tv_sec = <long>timeout
+    interval.tv_usec = <long>((timeout - interval.tv_sec) * 1e6)
+    if interval.tv_sec <= 0 and interval.tv_usec <= 0:
+        interval.tv_sec, interval.tv_usec = 0, 1
+    if (
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &interval, sizeof(interval)) != 0
+        or setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &interval, sizeof(interval)) != 0
+    ):
+        raise OSError(errno, strerror(errno).decode("utf-8", "replace"))
+
+
 cdef class CoreLock:
     """A lock used as `threading.Lock` is (`with`, `acquire`, `release`, `locked`, and
     under a `threading.Condition`) that compiled code takes and gives back without a

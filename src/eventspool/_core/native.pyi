@@ -237,6 +237,8 @@ CALL_ANSWERED: int
 CALL_UNWRITTEN: int
 CALL_READ: int
 
+def block_with_timeout(fd: int, timeout: float) -> None: ...
+
 @disjoint_base
 class CoreLock:
     def acquire(self, blocking: bool = True, timeout: float = -1.0) -> bool: ...

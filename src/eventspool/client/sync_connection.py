@@ -15,10 +15,9 @@ from __future__ import annotations
 import select
 import socket
 import ssl
-import struct
 import threading
 
-from eventspool._core.native import ConnectionCore
+from eventspool._core.native import ConnectionCore, block_with_timeout
 from eventspool.client.common import Greeting, Target, greeting_failure
 from eventspool.errors import AgentError
 from eventspool.wire.protocol import Frame, FrameDecoder, ProtocolError
@@ -186,10 +185,6 @@ def _block_with_timeout(sock: socket.socket, timeout: float) -> None:
     against 40 us for a ping to a process that answers at once). A write that must
     not wait sends with MSG_DONTWAIT.
     """
-    seconds = int(timeout)
-    micros = max(int((timeout - seconds) * 1_000_000), 0 if seconds else 1)  # 0, 0: forever
-    interval = struct.pack("@ll", seconds, micros)
     if sock.gettimeout() is not None:
         sock.settimeout(None)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, interval)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, interval)
+    block_with_timeout(sock.fileno(), timeout)
