@@ -156,7 +156,8 @@ cdef class ConnectionCore:
     lookups; `Connection` adds the socket's Python side."""
 
     cdef public int fd
-    # The readers' `recv_into` target, reused for every read of this connection.
+    # The pipeline's `recv_into` target, made on its first read and reused for every
+    # read after it; a call in person reads its answer onto the stack.
     cdef public bytearray buffer
     cdef public dict in_flight
     # SENDs and PUBLISHes in flight per target: an event for a busy target waits for the
@@ -166,6 +167,13 @@ cdef class ConnectionCore:
     cdef public bytes unsent
     cdef public object tls
     cdef public bint closed, answered, reading
+    # True while a reader handles answers it has received: it writes what is queued
+    # before it reads again, so callers that see it busy leave their events to it.
+    cdef public bint reader_busy
+    # The reader thread, started only once an answer is due that no caller reads (see
+    # `Pipeline`), and woken through `reader_wanted` for more; the thread reading the
+    # answers (`reader_ident`), while one is.
+    cdef public object reader, reader_wanted, reader_ident
 
     def __cinit__(self, *args, **kwargs):
         self.in_flight = {}
@@ -287,11 +295,7 @@ cdef class PipelineCore:
         error = None
         try:
             kind, value = _call_alone(
-                connection.fd,
-                request_id,
-                PyUnicode_AsUTF8String(event._topic),
-                event._payload,
-                connection.buffer,
+                connection.fd, request_id, PyUnicode_AsUTF8String(event._topic), event._payload
             )
         except (ValueError, OSError) as exc:  # a size no frame carries; a broken socket
             kind, value, error = CALL_READ, b"", exc

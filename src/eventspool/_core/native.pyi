@@ -6,6 +6,7 @@ fails on any name, signature or class property here that the runtime does not ha
 """
 
 import random
+import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from enum import IntEnum
 from typing import Any, Self, final, type_check_only
@@ -263,7 +264,7 @@ class InPerson:
 @disjoint_base
 class ConnectionCore:
     fd: int
-    buffer: bytearray
+    buffer: bytearray | None
     # Request ids to the client's requests (eventspool.client.sync_requests.Request).
     in_flight: dict[int, Any]
     targets: dict[tuple[str | None, str | None], int]
@@ -273,6 +274,10 @@ class ConnectionCore:
     closed: bool
     answered: bool
     reading: bool
+    reader_busy: bool
+    reader: threading.Thread | None
+    reader_wanted: threading.Condition | None
+    reader_ident: int | None
     def idle(self) -> bool: ...
     def note_in_flight(self, requests: dict[int, Any]) -> None: ...
     def take_answered(self, request_id: int) -> Any: ...

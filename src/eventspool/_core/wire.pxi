@@ -170,6 +170,7 @@ CALL_READ = 2
 
 cdef enum:
     CALL_FRAME_ON_STACK = 2048
+    CALL_ANSWER_ON_STACK = 4096
     ONE_RESULT_OFFSET = FRAME_HEADER_SIZE + 4  # after the header and the result count
 
 
@@ -229,7 +230,7 @@ cdef object _lone_outcome(const char *p, Py_ssize_t size, uint32_t request_id):
     return <uint8_t>p[ONE_RESULT_OFFSET], text
 
 
-cdef tuple _call_alone(int fd, uint32_t request_id, bytes raw_topic, bytes payload, bytearray buffer):
+cdef tuple _call_alone(int fd, uint32_t request_id, bytes raw_topic, bytes payload):
     """One event's SEND written and its answer read, on a blocking socket nobody else
     writes or reads now: (CALL_ANSWERED, the event_id or (status, text)).
 
@@ -244,7 +245,8 @@ cdef tuple _call_alone(int fd, uint32_t request_id, bytes raw_topic, bytes paylo
     cdef Py_ssize_t size = FRAME_HEADER_SIZE + 2 + topic_size + 4 + payload_size, sent, got
     cdef char on_stack[CALL_FRAME_ON_STACK]
     cdef char *frame = on_stack
-    cdef char *into = PyByteArray_AS_STRING(buffer)
+    # One event's answer is under 100 bytes; more is read on by the Python pipeline.
+    cdef char into[CALL_ANSWER_ON_STACK]
     if topic_size > MAX_WIRE_U16 or <uint64_t>(size - 4) > 0xFFFFFFFF:
         raise ValueError(f"a SEND of {size} bytes does not fit a frame")
     on_heap = None
@@ -256,7 +258,7 @@ cdef tuple _call_alone(int fd, uint32_t request_id, bytes raw_topic, bytes paylo
         PyBytes_AS_STRING(payload),
         payload_size,
     )
-    cdef Py_ssize_t room = PyByteArray_GET_SIZE(buffer)
+    cdef Py_ssize_t room = CALL_ANSWER_ON_STACK
     cdef int error = 0
     # Written whole, the answer is waited for without taking the interpreter lock back
     # in between; anything else goes through the steps that handle it.

@@ -12,7 +12,7 @@ outcome.
 
 from __future__ import annotations
 
-import select
+import functools
 import socket
 import ssl
 import threading
@@ -26,11 +26,6 @@ from eventspool.wire.protocol import Frame, FrameDecoder, ProtocolError
 #: so what a read allocates comes from the heap: a 256 KiB `recv` cost an mmap, an mremap
 #: and a munmap per answer in a fresh process (about 20 us of CPU per send, measured).
 READ_SIZE = 64 * 1024
-
-#: The buffer a connection starts with: one event's answer is under 100 bytes, and one
-#: that does not fit is read on by the pipeline, whose first read grows it to READ_SIZE.
-#: Zeroing 64 KiB cost a short-lived client 2 us of CPU.
-FIRST_READ_SIZE = 4096
 
 
 class Tls:
@@ -95,19 +90,12 @@ class Connection(ConnectionCore):
         self.sock = sock
         self.fd = sock.fileno()
         self.tls = tls
-        self.decoder = FrameDecoder(max_frame)
-        self.buffer = bytearray(FIRST_READ_SIZE)
-        self.poller = select.poll()
-        self.poller.register(self.fd, select.POLLIN)
-        # True while a reader handles answers it has received: it writes what is queued
-        # before it reads again, so callers that see it busy leave their events to it.
-        self.reader_busy = False
-        # Started only once an answer is due that no caller reads (see `Pipeline`), and
-        # woken through `reader_wanted` for more.
-        self.reader: threading.Thread | None = None
-        self.reader_wanted: threading.Condition | None = None
-        # The thread reading the answers, while one is.
-        self.reader_ident: int | None = None
+        self.max_frame = max_frame
+
+    @functools.cached_property
+    def decoder(self) -> FrameDecoder:
+        """Made on the first use: a short-lived client's call in person needs none."""
+        return FrameDecoder(self.max_frame)
 
 
 def open_socket(target: Target, timeout: float) -> socket.socket:
@@ -163,7 +151,7 @@ def receive(connection: Connection) -> bytes:
     """The next bytes from the agent (b"" at its end of file), read into the
     connection's buffer and copied out at their own size."""
     buffer = connection.buffer
-    if len(buffer) < READ_SIZE:
+    if buffer is None:
         buffer = connection.buffer = bytearray(READ_SIZE)
     got = connection.sock.recv_into(buffer)
     return bytes(memoryview(buffer)[:got])

@@ -114,7 +114,7 @@ class Pipeline(PipelineCore):
         with self._lock:
             self._closed = True
             connection = self._connection
-        if pending := _take(self._pending, len(self._pending)):
+        if self._pending and (pending := _take(self._pending, len(self._pending))):
             fail(pending, AgentError(f"agent at {self.target}: the client was closed"))
         if connection is not None:
             self._drop(connection, "the client was closed")
@@ -532,11 +532,9 @@ class Pipeline(PipelineCore):
     def _readable_or_writable(self, connection: Connection, deadline: float | None) -> bool:
         """Wait until answers come (True) or the socket takes more (False)."""
         left = self.timeout if deadline is None else max(deadline - time.monotonic(), 0.0)
-        connection.poller.modify(connection.fd, select.POLLIN | select.POLLOUT)
-        try:
-            ready = connection.poller.poll(left * 1000)
-        finally:
-            connection.poller.modify(connection.fd, select.POLLIN)
+        poller = select.poll()
+        poller.register(connection.fd, select.POLLIN | select.POLLOUT)
+        ready = poller.poll(left * 1000)
         return not ready or any(event & ~select.POLLOUT for _, event in ready)
 
     def _answer(self, connection: Connection, frame: Frame) -> None:
