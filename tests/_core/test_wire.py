@@ -15,7 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eventspool._core.native import encode_wire_event
+from eventspool._core.native import CHECKED_TOPICS, common_event_payload, encode_wire_event
+from eventspool.config import validate_topic
+from eventspool.wire.checks import event_payload, wire_event
 from eventspool.wire.protocol import WireEvent, decode_send, encode_send_payloads
 
 EVENT_ID = "0190a5c3-7e1f-7a00-8c2b-3d4e5f607182"
@@ -108,3 +110,48 @@ def test_each_header_is_read_once() -> None:
     """The bytes measured are the bytes copied, whatever the pair's indexing says."""
     payload = encode_wire_event(b"v", None, [_Pair(("h", b"v"))], None)
     assert payload == encode_wire_event(b"v", None, [("h", b"v")], None)
+
+
+_ANY_ARGUMENT = st.one_of(
+    st.none(),
+    st.binary(max_size=20),
+    st.text(max_size=10),
+    st.integers(),
+    st.just([("trace", b"t")]),
+    st.just(EVENT_ID),
+)
+
+
+@given(
+    topic=st.one_of(st.sampled_from(["orders", "payments", "not checked yet"]), _ANY_ARGUMENT),
+    value=_ANY_ARGUMENT,
+    key=_ANY_ARGUMENT,
+    headers=st.one_of(st.none(), _ANY_ARGUMENT),
+    event_id=st.one_of(st.none(), _ANY_ARGUMENT),
+)
+def test_the_compiled_common_event_never_differs_from_the_python_checks(
+    topic: Any, value: Any, key: Any, headers: Any, event_id: Any
+) -> None:
+    """`common_event_payload` takes only what `event_payload` accepts, and encodes it as
+    it does: anything else (a bad argument, an unchecked topic) is left to the checks."""
+    event_payload("orders", None, None, None)  # checked once, as a first send does
+    event_payload("payments", None, None, None)
+    common = common_event_payload(topic, value, key, headers, event_id)
+    plain = {type(None), bytes}
+    shaped = type(value) in plain and type(key) in plain and headers is None and event_id is None
+    if common is None:
+        checked = type(topic) is str and topic in CHECKED_TOPICS
+        assert not (shaped and checked)  # the common event takes this path
+        return
+    assert shaped
+    assert topic in CHECKED_TOPICS  # never a name the rule has not passed
+    validate_topic(topic)  # raises for a name the rule refuses
+    assert common == wire_event(value, key, headers, event_id, "topic", topic)
+
+
+def test_the_common_event_is_encoded_in_one_call_once_its_topic_was_checked() -> None:
+    topic = "checked-by-the-first-send"
+    assert common_event_payload(topic, b"v", b"k", None, None) is None
+    first = event_payload(topic, b"v", b"k", None, None)
+    assert common_event_payload(topic, b"v", b"k", None, None) == first
+    assert common_event_payload(topic, b"v", "k", None, None) is None  # a str key: Python's

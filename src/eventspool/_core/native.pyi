@@ -293,6 +293,11 @@ class PipelineCore:
     def _next_id(self) -> int: ...
     def call(self, topic: str | None, exchange: str | None, payload: bytes) -> Any: ...
 
+CHECKED_TOPICS: set[str]
+
+def common_event_payload(
+    topic: object, value: object, key: object, headers: object, event_id: object
+) -> bytes | None: ...
 def encode_wire_event(
     value: bytes | None,
     key: bytes | None,

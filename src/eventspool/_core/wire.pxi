@@ -26,7 +26,7 @@ cdef inline char *_put_wire_field(char *p, object data, Py_ssize_t length) noexc
     return p + 4 + length
 
 
-def encode_wire_event(bytes value, bytes key, object headers, str event_id) -> bytes:
+cpdef bytes encode_wire_event(bytes value, bytes key, object headers, str event_id):
     """One event as a SEND body carries it: flags, key, value, headers, event_id.
 
     `headers` are (str name, bytes | None value) pairs; subclasses of str and bytes
@@ -114,6 +114,32 @@ def encode_wire_event(bytes value, bytes key, object headers, str event_id) -> b
         memcpy(p, PyBytes_AS_STRING(raw_id), ID_LEN)
     return out
 
+
+# Topic names that eventspool.wire.checks has checked already (its rule costs more than
+# the rest of a send). It adds them, and bounds the set.
+cdef set _checked_topics = set()
+CHECKED_TOPICS = _checked_topics
+
+
+def common_event_payload(topic, value, key, headers, event_id):
+    """The SEND body of the common event: bytes or None for value and key, no headers,
+    no event_id, a topic checked before. None for any other event, which
+    `eventspool.wire.checks` checks and encodes, its errors in its own words.
+
+    One compiled call instead of three Python frames: with 16 caller processes of their
+    own on two cores, those frames' code and data cost about 3 us of client CPU per
+    blocking send, most of it in cache misses after each wait.
+    """
+    if headers is not None or event_id is not None:
+        return None
+    if (value is not None and type(value) is not bytes) or (key is not None and type(key) is not bytes):
+        return None
+    if type(topic) is not str or topic not in _checked_topics:
+        return None
+    try:
+        return encode_wire_event(value, key, None, None)
+    except ValueError:  # a size no frame carries: the checks say so in their words
+        return None
 
 cdef inline char *_put_batch_head(
     char *p, Py_ssize_t size, uint8_t frame_type, uint32_t request_id, bytes raw_name, Py_ssize_t count

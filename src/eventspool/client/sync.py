@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
+from eventspool._core.native import common_event_payload
 from eventspool.client.common import parse_target, routed_event_payload
 from eventspool.client.sync_pipeline import Pipeline
 from eventspool.client.sync_requests import Control, EventFuture, Outstanding, Reply, Waiting
@@ -131,9 +132,11 @@ class Client:
         `event_id` and consumers drop the copy). With `exchange` (and `topic=None`) the
         agent routes the event by `routing_key`, as `Spool.send()` does.
         """
-        payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
+        payload = common_event_payload(topic, value, key, headers, event_id)
+        if payload is None or exchange is not None:  # any other event is checked in Python
+            payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
         outcome = self._pipeline.call(topic, exchange, payload)
-        if isinstance(outcome, str):
+        if type(outcome) is str:
             return outcome
         raise outcome
 

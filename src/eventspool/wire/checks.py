@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 
-from eventspool._core.native import encode_wire_event
+from eventspool._core.native import CHECKED_TOPICS, common_event_payload, encode_wire_event
 from eventspool.config import validate_topic
 from eventspool.envelope import HeadersInput, caller_event_id, normalize_headers
 from eventspool.errors import EventspoolError, InvalidEventError
@@ -95,21 +95,23 @@ def event_payload(
     message are the ones the agent would have sent back. The event is encoded here too,
     so what waits for a frame is one bytes object, not an object per field.
     """
+    payload = common_event_payload(topic, value, key, headers, event_id)
+    if payload is not None:
+        return payload
     payload = wire_event(value, key, headers, event_id, "topic", topic)
-    if type(topic) is not str or topic not in _VALID_TOPICS:
+    if type(topic) is not str or topic not in CHECKED_TOPICS:
         _check_topic(topic)
     return payload
 
 
 def _check_topic(topic: str | None) -> None:
     checked = validate_topic(topic)
-    if len(_VALID_TOPICS) < _VALID_TOPICS_MAX:
-        _VALID_TOPICS.add(checked)
+    if len(CHECKED_TOPICS) < _CHECKED_TOPICS_MAX:
+        CHECKED_TOPICS.add(checked)
 
 
-# Topic names already checked: the rule costs more than the rest of a send.
-_VALID_TOPICS: set[str] = set()
-_VALID_TOPICS_MAX = 1024
+# How many checked topic names `CHECKED_TOPICS` keeps; past it, a name is checked each time.
+_CHECKED_TOPICS_MAX = 1024
 
 
 def wire_event(  # noqa: PLR0917  # send()'s own parameters, in its order
