@@ -29,13 +29,19 @@ from eventspool.wire.protocol import (
 )
 
 
+def _listening(path: Path) -> socket.socket:
+    """A unix socket listening at `path` that the test accepts on, or never does."""
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen()
+    return listener
+
+
 def _scripted_agent(path: Path, answer: Callable[[Frame], list[bytes]]) -> threading.Thread:
     """A peer on a real unix socket that answers each request with `answer`'s chunks,
     written one by one 50 ms apart: what a real agent never does on its own (answers
     cut across reads, wrong ids), for the lone call to meet."""
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(path))
-    listener.listen()
+    listener = _listening(path)
 
     def serve() -> None:
         with listener, listener.accept()[0] as peer:
@@ -112,9 +118,7 @@ def test_a_lone_call_without_an_answer_fails_within_its_timeout(tmp_path: Path) 
 
 def test_a_lone_call_whose_agent_hangs_up_fails_in_words(tmp_path: Path) -> None:
     """The agent reads the SEND and closes the connection: its outcome is unknown."""
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(tmp_path / "a.sock"))
-    listener.listen()
+    listener = _listening(tmp_path / "a.sock")
 
     def hang_up() -> None:
         with listener, listener.accept()[0] as peer:
@@ -140,9 +144,7 @@ def test_closing_the_client_ends_a_lone_call_at_once(tmp_path: Path) -> None:
 
 def test_closing_the_client_ends_a_write_waiting_for_room_at_once(tmp_path: Path) -> None:
     """A peer that never reads: the writer waits for room in the socket; close() must wake it."""
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(tmp_path / "a.sock"))
-    listener.listen()
+    listener = _listening(tmp_path / "a.sock")
     with listener, Client(tmp_path / "a.sock", timeout=30.0) as client:
         threading.Timer(0.3, client.close).start()
         started = time.monotonic()
