@@ -68,6 +68,8 @@ cdef class CoreLock:
             raise MemoryError()
 
     def __dealloc__(self):
+        if self._handle == NULL:  # the allocation failed
+            return
         if self._held:
             PyThread_release_lock(self._handle)
         PyThread_free_lock(self._handle)
