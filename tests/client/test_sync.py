@@ -22,6 +22,7 @@ import pytest
 from eventspool import EventTooLargeError, InvalidEventError, InvalidTopicError
 from eventspool.broker import LocalBroker
 from eventspool.client.sync import AgentError, Client
+from eventspool.client.sync_connection import Connection
 from eventspool.verify import consume_event_ids, ledger
 from eventspool.wire.checks import BatchEvent
 from tests.agent import conftest as agent_fixtures
@@ -325,14 +326,14 @@ def test_close_while_a_writer_connects_leaves_no_connection_behind(
     agent.start()
     client = Client(agent.socket_path, timeout=5.0)
     pipeline = client._pipeline
-    connect = pipeline._open_socket
+    connect = pipeline._open_connection
 
-    def close_meanwhile() -> socket.socket:
-        sock = connect()
+    def close_meanwhile() -> Connection:
+        connection = connect()
         client.close()
-        return sock
+        return connection
 
-    pipeline._open_socket = close_meanwhile  # type: ignore[method-assign]
+    pipeline._open_connection = close_meanwhile  # type: ignore[method-assign]
     readers_before = {t for t in threading.enumerate() if t.name == "eventspool-client-reader"}
     with pytest.raises(AgentError, match="the client was closed"):
         client.send(topic, b"written after close")

@@ -7,18 +7,22 @@ instrumented build.
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from eventspool import SpoolFullError
-from eventspool._core.native import block_with_timeout
+from eventspool._core.native import block_with_timeout, connect_unix
 from eventspool.client.sync import AgentError, Client
+from eventspool.client.sync_connection import Connection
 from eventspool.wire.protocol import (
     EventResult,
     Frame,
@@ -172,3 +176,99 @@ def test_a_socket_gives_up_after_its_timeout_never_zero_which_means_never(
 def test_timeouts_on_something_not_a_socket_raise_oserror(tmp_path: Path) -> None:
     with open(tmp_path / "plain", "wb") as plain, pytest.raises(OSError):
         block_with_timeout(plain.fileno(), 1.0)
+
+
+def _open_descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_connect_unix_gives_a_blocking_close_on_exec_socket_with_its_timeouts(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "agent.sock"
+    with _listening(path) as listener:
+        fd = connect_unix(str(path), 0.5)
+        peer, _ = listener.accept()
+        with peer, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fd) as sock:
+            assert os.get_blocking(fd) and not os.get_inheritable(fd)
+            for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+                raw = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("@ll"))
+                seconds, micros = struct.unpack("@ll", raw)
+                assert 0.5 <= seconds + micros / 1e6 < 0.5101
+            sock.sendall(b"ping")
+            assert peer.recv(16) == b"ping"
+
+
+def test_connect_unix_reaches_an_abstract_address() -> None:
+    name = f"\0eventspool-test-{uuid.uuid4()}"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(name)
+        listener.listen()
+        fd = connect_unix(name, 1.0)
+        peer, _ = listener.accept()
+        with peer, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fd) as sock:
+            sock.sendall(b"ping")
+            assert peer.recv(16) == b"ping"
+
+
+def test_connect_unix_fails_as_socket_connect_does_and_leaves_no_descriptor(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "plain").write_bytes(b"")
+    before = _open_descriptors()
+    with pytest.raises(FileNotFoundError) as missing:
+        connect_unix(str(tmp_path / "missing.sock"), 1.0)
+    assert missing.value.errno == errno.ENOENT and missing.value.strerror
+    with pytest.raises(ConnectionRefusedError):
+        connect_unix(str(tmp_path / "plain"), 1.0)
+    with pytest.raises(OSError, match="AF_UNIX path too long"):
+        connect_unix(str(tmp_path / ("x" * 200)), 1.0)
+    with pytest.raises(UnicodeEncodeError):  # a lone surrogate has no file system bytes
+        connect_unix("\ud800", 1.0)
+    assert _open_descriptors() == before
+
+
+def test_connect_unix_to_a_full_backlog_gives_up_after_its_timeout(tmp_path: Path) -> None:
+    """An agent that accepts no more: the connect waits for room in its backlog for the
+    timeout (SO_SNDTIMEO), then fails with EAGAIN, the descriptor closed."""
+    path = tmp_path / "agent.sock"
+    waiting: list[socket.socket] = []
+    with _listening(path) as listener:
+        listener.listen(0)
+        try:
+            while True:  # fill the backlog without waiting
+                sock = socket.socket(socket.AF_UNIX)
+                waiting.append(sock)
+                sock.setblocking(False)
+                sock.connect(str(path))
+        except BlockingIOError:
+            pass
+        before = _open_descriptors()
+        started = time.monotonic()
+        with pytest.raises(BlockingIOError):
+            connect_unix(str(path), 0.3)
+        assert 0.29 <= time.monotonic() - started < 3
+        assert _open_descriptors() == before
+    for sock in waiting:
+        sock.close()
+
+
+def test_a_connections_socket_object_stays_blocking_under_a_default_timeout(
+    tmp_path: Path,
+) -> None:
+    """The `socket.socket` made late around the descriptor ignores a process-wide
+    default timeout, which would make the descriptor non-blocking under the client."""
+    path = tmp_path / "agent.sock"
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(0.5)
+    try:
+        with _listening(path) as listener:
+            connection = Connection(connect_unix(str(path), 1.0), 1 << 20)
+            peer, _ = listener.accept()
+            with peer:
+                assert connection.sock.gettimeout() is None
+                assert os.get_blocking(connection.fd)
+                connection.close()
+                assert peer.recv(16) == b""  # closed once, through the socket object
+    finally:
+        socket.setdefaulttimeout(previous)

@@ -27,10 +27,27 @@ cdef extern from "<sys/time.h>" nogil:
 
 cdef extern from "<sys/socket.h>" nogil:
     int setsockopt(int fd, int level, int name, const void *value, unsigned int size)
+    int _socket_open "socket"(int domain, int kind, int protocol)
+    int _socket_connect "connect"(int fd, const void *address, unsigned int size)
     enum:
         SOL_SOCKET
         SO_RCVTIMEO
         SO_SNDTIMEO
+        AF_UNIX
+        SOCK_STREAM
+        SOCK_CLOEXEC
+
+cdef extern from "<sys/un.h>" nogil:
+    cdef struct sockaddr_un:
+        unsigned short sun_family
+        char sun_path[108]
+
+cdef extern from "Python.h":
+    bytes PyUnicode_EncodeFSDefault(object text)
+
+
+cdef inline object _os_error(int error):
+    return OSError(error, strerror(error).decode("utf-8", "replace"))
 
 
 def block_with_timeout(int fd, double timeout) -> None:
@@ -41,6 +58,13 @@ def block_with_timeout(int fd, double timeout) -> None:
     and formats the TypeError it clears: twice per option, 24,000 of a short-lived
     client's 106,000 instructions per connect, send and close (callgrind).
     """
+    cdef int error = _block_with_timeout(fd, timeout)
+    if error:
+        raise _os_error(error)
+
+
+cdef int _block_with_timeout(int fd, double timeout) noexcept nogil:
+    """`block_with_timeout`: 0, or the errno of the option the socket refused."""
     cdef timeval interval
     interval.tv_sec = <long>timeout
     interval.tv_usec = <long>((timeout - interval.tv_sec) * 1e6)
@@ -50,7 +74,55 @@ def block_with_timeout(int fd, double timeout) -> None:
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &interval, sizeof(interval)) != 0
         or setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &interval, sizeof(interval)) != 0
     ):
-        raise OSError(errno, strerror(errno).decode("utf-8", "replace"))
+        return errno
+    return 0
+
+
+def connect_unix(str path not None, double timeout) -> int:
+    """The descriptor of a blocking unix stream socket connected to `path` (a leading
+    NUL names an abstract address, as for `socket.connect`), close-on-exec, its reads
+    and writes bounded by `timeout` (`block_with_timeout`), set before connecting: a
+    connect that waits for room in the agent's backlog gives up after SO_SNDTIMEO.
+
+    Raises OSError as `socket.connect` does, the descriptor closed. Compiled, and no
+    `socket.socket` made: for a short-lived caller, making, setting and closing one
+    took more instructions than its whole `send()` (callgrind).
+    """
+    cdef bytes name = PyUnicode_EncodeFSDefault(path)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(name)
+    cdef const char *raw = PyBytes_AS_STRING(name)
+    cdef sockaddr_un address
+    # Abstract names are their bytes; a path is NUL-terminated.
+    cdef bint abstract = size == 0 or raw[0] == 0
+    cdef Py_ssize_t room = sizeof(address.sun_path) - (0 if abstract else 1)
+    cdef unsigned int address_size
+    cdef int fd, result, error
+    if size > room:
+        raise OSError("AF_UNIX path too long")
+    memset(&address, 0, sizeof(address))
+    address.sun_family = AF_UNIX
+    memcpy(address.sun_path, raw, size)
+    address_size = <unsigned int>(<char *>address.sun_path - <char *>&address + size)
+    if not abstract:
+        address_size += 1
+    fd = _socket_open(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)
+    if fd < 0:
+        raise _os_error(errno)
+    try:
+        error = _block_with_timeout(fd, timeout)
+        while error == 0:
+            with nogil:
+                result = _socket_connect(fd, &address, address_size)
+                error = 0 if result == 0 else errno
+            if error == 0:
+                return fd
+            if error == EINTR:  # a unix socket's connect starts over
+                PyErr_CheckSignals()  # a handler's exception ends it, as in Python
+                error = 0
+        raise _os_error(error)
+    except BaseException:
+        unistd.close(fd)
+        raise
 
 
 cdef class CoreLock:
@@ -158,6 +230,7 @@ cdef class ConnectionCore:
     lookups; `Connection` adds the socket's Python side."""
 
     cdef public int fd
+    cdef public Py_ssize_t max_frame
     # The pipeline's `recv_into` target, made on its first read and reused for every
     # read after it; a call in person reads its answer onto the stack.
     cdef public bytearray buffer
@@ -181,6 +254,11 @@ cdef class ConnectionCore:
         self.in_flight = {}
         self.targets = {}
         self.unsent = b""
+
+    def __init__(self, int fd, Py_ssize_t max_frame, tls=None) -> None:
+        self.fd = fd
+        self.max_frame = max_frame
+        self.tls = tls
 
     cpdef bint idle(self):
         """Whether a caller may make its call alone: nothing in flight or being read, and
@@ -223,13 +301,76 @@ cdef class PipelineCore:
     itself. Everything out of the ordinary is the Python subclass's."""
 
     cdef public CoreLock _lock, _writer
-    cdef public object _pending, _connection
+    cdef public object _pending, _connection, _target
+    cdef public str target
     cdef public bint _closed
-    cdef public double timeout
+    cdef public double timeout, reconnect_backoff_s, _backoff
+    cdef public Py_ssize_t max_batch, max_frame_bytes
     cdef uint32_t _last_request_id
+
+    def __init__(
+        self,
+        target,
+        double timeout,
+        Py_ssize_t max_batch,
+        double reconnect_backoff_s,
+        Py_ssize_t max_frame_bytes,
+    ) -> None:
+        """`target`: the client's parsed `Target`. Compiled, with the fields in C, as a
+        short-lived client makes a pipeline per call."""
+        self._target = target
+        self.target = target.text
+        self.timeout = timeout
+        self.max_batch = max_batch
+        self.reconnect_backoff_s = reconnect_backoff_s
+        self.max_frame_bytes = max_frame_bytes
+        self._lock = CoreLock()
+        # Appended to by callers and emptied by the writer without a lock: deque
+        # operations are atomic, and the writer role is a try-lock, so callers never
+        # queue on a lock.
+        self._pending = _deque()
+        self._writer = CoreLock()
+        self._connection = None
+        self._backoff = 0.0
+        self._closed = False
 
     def _next_id(self) -> int:
         return self._new_id()
+
+    def _keep(self, ConnectionCore connection not None) -> bool:
+        """Make a new `connection` the pipeline's; False when close() came while it was
+        being made (it could not drop it: the caller closes it)."""
+        cdef bint kept
+        self._lock.take()
+        kept = not self._closed
+        if kept:
+            self._connection = connection
+        self._lock.give()
+        return kept
+
+    def _mark_closed(self):
+        """Mark the pipeline closed, and return its connection (or None) and whether
+        nobody queued, wrote, read or waits for anything on it. If so, it is taken off
+        and marked closed, and closing its socket is all that is left: a short-lived
+        client's close. Else `_drop` does the rest."""
+        cdef ConnectionCore connection
+        cdef bint idle = False
+        self._lock.take()
+        self._closed = True
+        found = self._connection
+        if found is not None:
+            connection = <ConnectionCore>found
+            idle = (
+                connection.idle()
+                and connection.reader is None
+                and not self._pending
+                and not self._writer._held
+            )
+            if idle:
+                connection.closed = True
+                self._connection = None
+        self._lock.give()
+        return found, idle
 
     cdef inline uint32_t _new_id(self) noexcept:
         """Request ids wrap around but skip 0, the id of connection-level errors."""

@@ -44,7 +44,6 @@ cdef extern from "<sys/socket.h>" nogil:
     int accept4(int fd, void *address, void *address_length, int flags)
     enum:
         SOCK_NONBLOCK
-        SOCK_CLOEXEC
 
 
 cdef enum:
@@ -62,10 +61,6 @@ cdef inline double _monotonic_s() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return ts.tv_sec + ts.tv_nsec * 1e-9
-
-
-cdef inline object _os_error(int error):
-    return OSError(error, strerror(error).decode("utf-8", "replace"))
 
 
 cdef class _UnixPeer:

@@ -239,6 +239,7 @@ CALL_UNWRITTEN: int
 CALL_READ: int
 
 def block_with_timeout(fd: int, timeout: float) -> None: ...
+def connect_unix(path: str, timeout: float) -> int: ...
 
 @disjoint_base
 class CoreLock:
@@ -264,6 +265,7 @@ class InPerson:
 @disjoint_base
 class ConnectionCore:
     fd: int
+    max_frame: int
     buffer: bytearray | None
     # Request ids to the client's requests (eventspool.client.sync_requests.Request).
     in_flight: dict[int, Any]
@@ -278,6 +280,7 @@ class ConnectionCore:
     reader: threading.Thread | None
     reader_wanted: threading.Condition | None
     reader_ident: int | None
+    def __init__(self, fd: int, max_frame: int, tls: Any = None) -> None: ...
     def idle(self) -> bool: ...
     def note_in_flight(self, requests: dict[int, Any]) -> None: ...
     def take_answered(self, request_id: int) -> Any: ...
@@ -288,9 +291,26 @@ class PipelineCore:
     _writer: CoreLock
     _pending: Any
     _connection: Any
+    # The client's Target, which this layer does not import.
+    _target: Any
+    target: str
     _closed: bool
     timeout: float
+    reconnect_backoff_s: float
+    _backoff: float
+    max_batch: int
+    max_frame_bytes: int
+    def __init__(
+        self,
+        target: Any,
+        timeout: float,
+        max_batch: int,
+        reconnect_backoff_s: float,
+        max_frame_bytes: int,
+    ) -> None: ...
     def _next_id(self) -> int: ...
+    def _keep(self, connection: ConnectionCore) -> bool: ...
+    def _mark_closed(self) -> tuple[Any, bool]: ...
     def call(self, topic: str | None, exchange: str | None, payload: bytes) -> Any: ...
 
 CHECKED_TOPICS: set[str]

@@ -71,13 +71,9 @@ class Client:
         self.target = parsed.text
         self.max_queued = max_queued
         self._outstanding = Outstanding()
-        self._pipeline = Pipeline(
-            parsed,
-            timeout=timeout,
-            max_batch=max_batch,
-            reconnect_backoff_s=reconnect_backoff_s,
-            max_frame_bytes=max_frame_bytes,
-        )
+        # Positionally: a short-lived client makes one per call, and keywords cost the
+        # compiled constructor a dict.
+        self._pipeline = Pipeline(parsed, timeout, max_batch, reconnect_backoff_s, max_frame_bytes)
 
     # The pipeline reads these on every use: set on the client, they take effect there.
 

@@ -13,6 +13,7 @@ outcome.
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import ssl
 import threading
@@ -83,38 +84,44 @@ class Tls:
 
 
 class Connection(ConnectionCore):
-    """One socket to the agent, what awaits an answer on it, and who reads it now (the
-    part a `send()` alone reads and sets is compiled: `ConnectionCore`)."""
+    """One socket to the agent (its descriptor `fd`, the largest frame taken from it
+    `max_frame`, and `tls`), what awaits an answer on it, and who reads it now (the part
+    a `send()` alone reads and sets is compiled: `ConnectionCore`)."""
 
-    def __init__(self, sock: socket.socket, max_frame: int, tls: Tls | None = None) -> None:
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.tls = tls
-        self.max_frame = max_frame
+    @functools.cached_property
+    def sock(self) -> socket.socket:
+        """Made on the first use: a call in person writes and reads `fd` itself, and
+        `connect_unix` makes none."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=self.fd)
+        if sock.gettimeout() is not None:  # socket.setdefaulttimeout() was called
+            sock.settimeout(None)
+        return sock
 
     @functools.cached_property
     def decoder(self) -> FrameDecoder:
         """Made on the first use: a short-lived client's call in person needs none."""
         return FrameDecoder(self.max_frame)
 
+    def close(self) -> None:
+        """Close the socket, through its `socket.socket` if one was made; once."""
+        sock: socket.socket | None = self.__dict__.get("sock")
+        if sock is None:
+            os.close(self.fd)
+        else:
+            sock.close()
 
-def open_socket(target: Target, timeout: float) -> socket.socket:
-    """A connected socket to the agent, its reads and writes bounded by `timeout`."""
-    if target.path is None:
-        sock = socket.create_connection((target.host, target.port), timeout=timeout)
+
+def connect_tcp(target: Target, max_frame: int, request_id: int, timeout: float) -> Connection:
+    """A TCP connection to the agent, greeted (`greet`), its reads and writes bounded
+    by `timeout`. Raises OSError when the agent cannot be reached."""
+    sock = socket.create_connection((target.host, target.port), timeout=timeout)
+    try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         _block_with_timeout(sock, timeout)
-        return sock
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        # Before connecting: a connect that waits for room in the agent's backlog gives
-        # up after SO_SNDTIMEO, and the socket is never switched to non-blocking and back.
-        _block_with_timeout(sock, timeout)
-        sock.connect(target.path)
-    except OSError:
+        return greet(sock, target, max_frame, request_id, timeout)
+    except BaseException:
         sock.close()
         raise
-    return sock
 
 
 def greet(
@@ -125,7 +132,8 @@ def greet(
     fails or the agent hangs up."""
     where = f"agent at {target.text}"
     tls = None if target.ssl_context is None else Tls(target.ssl_context, target.host)
-    connection = Connection(sock, max_frame, tls)
+    connection = Connection(sock.fileno(), max_frame, tls)
+    connection.sock = sock
     greeting = Greeting.for_target(target, request_id)
     try:
         data = greeting.frame

@@ -41,15 +41,14 @@ from collections.abc import Sequence
 from eventspool._core.native import (
     CALL_ANSWERED,
     CALL_UNWRITTEN,
-    CoreLock,
     InPerson,
     PipelineCore,
+    connect_unix,
 )
 from eventspool.client.common import Target, connect_failure, next_backoff
 from eventspool.client.sync_connection import (
     Connection,
-    greet,
-    open_socket,
+    connect_tcp,
     receive,
     write_now,
 )
@@ -85,35 +84,18 @@ class Pipeline(PipelineCore):
     """One client's requests on their way: queued, written, in flight, answered (a
     `send()` alone on the connection runs through the compiled `PipelineCore.call`)."""
 
-    def __init__(
-        self,
-        target: Target,
-        *,
-        timeout: float,
-        max_batch: int,
-        reconnect_backoff_s: float,
-        max_frame_bytes: int,
-    ) -> None:
-        self._target = target
-        self.target = target.text
-        self.max_frame_bytes = max_frame_bytes
-        self.timeout = timeout
-        self.max_batch = max_batch
-        self.reconnect_backoff_s = reconnect_backoff_s
-        self._lock = CoreLock()
-        # Appended to by callers and emptied by the writer without a lock: deque operations
-        # are atomic, and the writer role is a try-lock, so callers never queue on a lock.
-        self._pending: deque[Event | Control] = deque()
-        self._writer = CoreLock()
-        self._connection: Connection | None = None
-        self._backoff = 0.0
-        self._closed = False
+    # Made by PipelineCore.__init__(target, timeout, max_batch, reconnect_backoff_s,
+    # max_frame_bytes); typed here as this layer knows them.
+    _target: Target
+    _pending: deque[Event | Control]
+    _connection: Connection | None
 
     def close(self) -> None:
         """Disconnect; calls still waiting fail with AgentError, later calls too."""
-        with self._lock:
-            self._closed = True
-            connection = self._connection
+        connection, idle = self._mark_closed()
+        if idle:
+            connection.close()
+            return
         if self._pending and (pending := _take(self._pending, len(self._pending))):
             fail(pending, AgentError(f"agent at {self.target}: the client was closed"))
         if connection is not None:
@@ -399,35 +381,27 @@ class Pipeline(PipelineCore):
             if self._backoff > 0:
                 time.sleep(self._backoff)
             try:
-                sock = self._open_socket()
+                connection = self._open_connection()
             except OSError as exc:
                 self._backoff = next_backoff(self._backoff, self.reconnect_backoff_s)
                 if time.monotonic() + self._backoff > deadline:
                     raise OSError(exc.errno, connect_failure(self._target, exc)) from exc
                 continue
-            break
-        max_frame = max(self.max_frame_bytes, DEFAULT_MAX_FRAME)
-        if self._target.path is not None:
-            connection = Connection(sock, max_frame)
-        else:
-            try:
-                connection = greet(sock, self._target, max_frame, self._next_id(), self.timeout)
-            except EventspoolError:
-                sock.close()
+            except EventspoolError:  # refused: TLS, the token
                 self._backoff = next_backoff(self._backoff, self.reconnect_backoff_s)
                 raise
-        with self._lock:
-            closed = self._closed
-            if not closed:
-                self._connection = connection
-        if closed:  # close() came while connecting: it could not drop this one
-            sock.close()
+            break
+        if not self._keep(connection):
+            connection.close()
             raise AgentError(f"agent at {self.target}: the client was closed")
         return connection
 
-    def _open_socket(self) -> socket.socket:
+    def _open_connection(self) -> Connection:
         """Its own method, so a test can act while a writer connects (close() meanwhile)."""
-        return open_socket(self._target, self.timeout)
+        max_frame = max(self.max_frame_bytes, DEFAULT_MAX_FRAME)
+        if self._target.path is not None:
+            return Connection(connect_unix(self._target.path, self.timeout), max_frame)
+        return connect_tcp(self._target, max_frame, self._next_id(), self.timeout)
 
     # ---- reading: a waiting caller, or the reader thread ---------------------------------
 
@@ -572,7 +546,7 @@ class Pipeline(PipelineCore):
         if in_use:
             with contextlib.suppress(OSError):  # already broken: closing is all that is left
                 connection.sock.shutdown(socket.SHUT_RDWR)
-        connection.sock.close()
+        connection.close()
         if not requests:
             return
         lost = AgentError(
