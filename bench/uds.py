@@ -28,6 +28,9 @@ keeps the server's and the clients' CPU per event.
   (the kernel's work is not counted) per blocking `send()` in a second agent, its event
   loop's thread and all of its threads, against the C echo server's per round trip, each
   with one sequential caller (`harness.instructions`).
+- the agent's CPU floor: the echo server's CPU per round trip (the socket's part) plus a
+  bare producer's CPU per event (the Kafka part): on the sender's settings, the same
+  events through the sender's compiled produce loop, in this process, each repetition.
 
 Goals (not asserted): round-trip p50 under 50 us and at most 1.5x the echo's; one shared
 client at 200k events/s and 0.8 of the ceiling; caller processes and short-lived callers
@@ -47,18 +50,24 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
+from confluent_kafka import Producer
+
+from eventspool._core.native import AckTracker, Deliveries
 from eventspool.broker import create_topic
 from eventspool.broker.local import find_free_port
 from eventspool.client.sync import Client
 from eventspool.config import MIB, QueueSettings, SpoolSettings
 from eventspool.errors import EventspoolError
 from eventspool.pipeline import Spool
+from eventspool.sender.producer import KafkaHeaders
+from eventspool.sender.queuestate import KafkaRecord
 from eventspool.testing.agent import AgentProcess
 from eventspool.testing.tls import Pki
 from harness import instructions
@@ -69,6 +78,7 @@ from harness.cpu import process_cpu_s
 from harness.echo import EchoServer, connected, round_trip
 from harness.figures import figure
 from harness.output import progress
+from harness.producer import sender_producer_config
 from harness.rings import expect_emptied, fitting_events
 from harness.runs import Runs, alternate, latency_summary_us, safe_ratio
 from harness.session import Session
@@ -86,6 +96,8 @@ PROCESS_LEAD_S = 0.05
 CAPACITY_BYTES = 32 * MIB  # the anchor's queue maximum, and what a pass may fill
 ACCESS_RULES = 10
 ALLOWED_PATTERNS = 1000
+# Events per batch of the bare producer, each batch followed by a poll(0).
+SENDER_BATCH = 100
 TCP_HOST = "127.0.0.1"
 # The same 100 bytes in every process, so every pass sends the same events.
 VALUE = random.Random(20240601).randbytes(PAYLOAD_BYTES)
@@ -101,13 +113,26 @@ class Profile:
     rtt_warmup: int
     drain_timeout_s: float
     callers_seconds: float  # so that the quick run's many single-threaded passes fit
+    producer_events: int  # the bare producer's, per repetition
 
 
 QUICK = Profile(  # 0.8-s passes: with 1-s ones the quick run took 61-63 s on 2 cores
-    0.8, 0.4, rtt_samples=2_000, rtt_warmup=200, drain_timeout_s=60, callers_seconds=0.3
+    0.8,
+    0.4,
+    rtt_samples=2_000,
+    rtt_warmup=200,
+    drain_timeout_s=60,
+    callers_seconds=0.3,
+    producer_events=20_000,
 )
 FULL = Profile(
-    3.0, 1.0, rtt_samples=20_000, rtt_warmup=1_000, drain_timeout_s=120, callers_seconds=3.0
+    3.0,
+    1.0,
+    rtt_samples=20_000,
+    rtt_warmup=1_000,
+    drain_timeout_s=120,
+    callers_seconds=3.0,
+    producer_events=100_000,
 )
 
 
@@ -210,6 +235,38 @@ def handoff_ceiling(threads: int, seconds: float) -> float:
 
     ran = run_together([*[caller] * threads, waker], stop=stop, stop_after_s=seconds)
     return sum(ran.results) / ran.seconds
+
+
+def producer_cpu_us_per_event(bootstrap: str, events: int) -> float:
+    """CPU per event of a bare producer on the sender's settings, all of this process's
+    threads (librdkafka's included): the agent's events, 100 bytes each with their
+    event_id header, handed over by the sender's compiled loop (`Deliveries`, one per
+    partition, as one per queue) in batches of `SENDER_BATCH`, their delivery reports
+    served, until the broker acknowledged them all. What the agent's sender cannot go
+    below, whatever it does around the producer."""
+    producer = Producer(sender_producer_config(bootstrap))
+    producer.produce(TOPIC, b"connected", partition=0)  # the connections are not timed
+    producer.flush(30)
+    failures: list[object] = []
+    partitions = [
+        Deliveries(AckTracker(0), lambda _seq, error, _message: failures.append(error))
+        for _ in range(PARTITIONS)
+    ]
+    headers: KafkaHeaders = [("event_id", str(uuid.UUID(int=0)).encode())]
+    records: list[KafkaRecord] = [(seq, None, VALUE, 0, headers) for seq in range(events)]
+    batches = [records[i : i + SENDER_BATCH] for i in range(0, events, SENDER_BATCH)]
+    cpu = time.process_time()
+    for n, batch in enumerate(batches):
+        partition = n % PARTITIONS
+        partitions[partition].produce_batch(producer.produce, TOPIC, partition, batch, 0)
+        producer.poll(0)
+    if producer.flush(60):
+        raise RuntimeError("bare producer: events left unacknowledged after 60 s")
+    spent = time.process_time() - cpu
+    delivered = sum(deliveries.delivered for deliveries in partitions)
+    if failures or delivered != events:
+        raise RuntimeError(f"bare producer: {delivered} of {events} delivered, {failures[:3]}")
+    return spent * 1e6 / events
 
 
 def round_trips_us(exchange: Callable[[], object], profile: Profile) -> dict[str, float]:
@@ -475,6 +532,8 @@ def run(args: BenchArgs) -> dict[str, object]:
                         add_pass(runs, name, sent, process_cpu_s(side.pid) - cpu)
                         settle(side)
                 runs.add("handoff_ceiling", handoff_ceiling(CLIENT_THREADS, profile.pass_seconds))
+                producer_us = producer_cpu_us_per_event(bootstrap, profile.producer_events)
+                runs.add("producer_cpu_us_per_event", producer_us)
                 runs.add("echo_rtt_p50_us", python_echo_rtt_us(profile))
                 floor = round_trips_us(partial(round_trip, echo_caller, VALUE), profile)
                 runs.add("c_echo_rtt_p50_us", floor["p50_us"])
@@ -488,7 +547,10 @@ def run(args: BenchArgs) -> dict[str, object]:
                 settle(agent)
                 add_pass(runs, "anchor", anchor_pass(anchor, profile.pass_seconds), None)
                 summary = f"p50 {rtt['p50_us']:.0f} us p99 {rtt['p99_us']:.0f} us"
-                progress(f"rep {rep + 1}: round trip {summary}, C echo {floor['p50_us']:.1f} us")
+                progress(
+                    f"rep {rep + 1}: round trip {summary}, C echo {floor['p50_us']:.1f} us, "
+                    f"bare producer {producer_us:.2f} us of CPU per event"
+                )
         except BaseException:
             progress(f"agent log:\n{agent.log_tail()}")
             raise
@@ -515,6 +577,8 @@ def build_result(
     shared = f"Client.send() through the agent, one client shared by {threads}"
     in_process = "Spool.send() in the application's own process"
     rate = partial(figure, unit="events/s")
+    echo_cpu = m["c_echo_processes_16_server_cpu_us_per_event"]
+    agent_cpu_floor = round(echo_cpu + m["producer_cpu_us_per_event"], 2)
     floors = {  # each key issue 33 names: its figure, ours against a floor in this run
         "rtt_p50_over_echo": figure(
             "uds_rtt_p50_vs_c_echo",
@@ -544,14 +608,12 @@ def build_result(
         ),
         "agent_cpu_us_per_event": figure(
             "uds_agent_cpu_per_blocking_event",
-            *pair(
-                "processes_16_server_cpu_us_per_event",
-                "c_echo_processes_16_server_cpu_us_per_event",
-                2,
-            ),
+            round(m["processes_16_server_cpu_us_per_event"], 2),
+            agent_cpu_floor,
             unit="us of CPU",
             title=f"the agent's CPU per event, Client.send() from {callers}",
-            anchor_is="the echo server's CPU per round trip in the same pass of the same processes",
+            anchor_is="its floor: the echo server's CPU per round trip in the same pass of the "
+            "same processes, plus a bare producer's per event on the sender's settings",
             higher_is_better=False,
         ),
     }
@@ -608,6 +670,10 @@ def build_result(
             ),
         ],
         **against_floors,
+        # The agent's CPU floor per blocking event, and its parts.
+        "agent_cpu_floor_us_per_event": agent_cpu_floor,
+        "echo_server_cpu_us_per_event": round(echo_cpu, 2),
+        "producer_cpu_us_per_event": round(m["producer_cpu_us_per_event"], 2),
         "socket_echo_rtt_p50_us": round(m["echo_rtt_p50_us"], 1),
         "instructions_per_blocking_event": counts,
         "rate_tcp_async_plaintext": round(m["tcp_async_plain_rate"]),
