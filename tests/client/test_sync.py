@@ -442,7 +442,7 @@ def test_a_lone_call_cut_off_by_an_agent_restart_fails_then_the_next_reconnects(
         caller.start()
         time.sleep(0.3)
         assert client._pipeline._connection is not None
-        assert client._pipeline._connection.in_flight  # written, and waiting in person
+        assert client._pipeline._connection.alone  # written, and waiting in person
         agent.kill()
         caller.join(10)
         assert not caller.is_alive()

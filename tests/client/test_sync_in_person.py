@@ -272,3 +272,11 @@ def test_a_connections_socket_object_stays_blocking_under_a_default_timeout(
                 assert peer.recv(16) == b""  # closed once, through the socket object
     finally:
         socket.setdefaulttimeout(previous)
+
+
+def test_request_ids_wrap_around_and_skip_zero(tmp_path: Path) -> None:
+    """0 is the id of connection-level errors: after the largest id comes 1."""
+    with Client(tmp_path / "agent.sock") as client:
+        pipeline = client._pipeline
+        pipeline._last_request_id = 0xFFFFFFFE
+        assert [pipeline._next_id() for _ in range(3)] == [0xFFFFFFFF, 1, 2]

@@ -249,6 +249,10 @@ cdef class ConnectionCore:
     # `Pipeline`), and woken through `reader_wanted` for more; the thread reading the
     # answers (`reader_ident`), while one is.
     cdef public object reader, reader_wanted, reader_ident
+    # The request of a call in person while it is made (`PipelineCore._in_person`), in
+    # flight beside `in_flight`: an entry there cost the call a boxed id, an insertion
+    # and a removal. It is read, like the rest, only while `reading`.
+    cdef readonly object alone
 
     def __cinit__(self, *args, **kwargs):
         self.in_flight = {}
@@ -265,6 +269,17 @@ cdef class ConnectionCore:
         nothing left unsent (`unsent` goes out before anything else: the pipeline's,
         then). The caller holds the lock."""
         return not (self.closed or self.reading or self.in_flight or self.unsent)
+
+    def take_in_flight(self) -> list:
+        """Every request written and not answered, the call in person's too, no longer in
+        flight: those a broken connection fails. The caller holds the lock."""
+        requests = list(self.in_flight.values())
+        self.in_flight.clear()
+        self.targets.clear()
+        if self.alone is not None:
+            requests.append(self.alone)
+            self.alone = None
+        return requests
 
     def note_in_flight(self, dict requests not None) -> None:
         """Note written requests as awaiting their answers; the caller holds the lock."""
@@ -306,7 +321,7 @@ cdef class PipelineCore:
     cdef public bint _closed
     cdef public double timeout, reconnect_backoff_s, _backoff
     cdef public Py_ssize_t max_batch, max_frame_bytes
-    cdef uint32_t _last_request_id
+    cdef public uint32_t _last_request_id  # public for the test of its wrap-around
 
     def __init__(
         self,
@@ -373,8 +388,12 @@ cdef class PipelineCore:
         return found, idle
 
     cdef inline uint32_t _new_id(self) noexcept:
-        """Request ids wrap around but skip 0, the id of connection-level errors."""
-        self._last_request_id = self._last_request_id % 0xFFFFFFFF + 1
+        """Request ids wrap around but skip 0, the id of connection-level errors. In
+        uint32_t arithmetic: with the literal 0xFFFFFFFF, a modulo was made of Python
+        integers (PyNumber_Remainder, 400 instructions a call)."""
+        self._last_request_id += 1  # wraps to 0 after 0xFFFFFFFF
+        if self._last_request_id == 0:
+            self._last_request_id = 1
         return self._last_request_id
 
     def call(self, topic, exchange, bytes payload not None):
@@ -431,7 +450,7 @@ cdef class PipelineCore:
                 return None
             request_id = self._new_id()
             # In flight for `_drop`; its target is noted only if it comes to `_read`.
-            connection.in_flight[request_id] = [event]
+            connection.alone = [event]
             connection.reading = True
         finally:
             lock.give()
@@ -446,7 +465,8 @@ cdef class PipelineCore:
         answered = kind == CALL_ANSWERED
         lock.take()
         try:
-            request = connection.in_flight.pop(request_id, None)
+            request = connection.alone
+            connection.alone = None
             if request is not None and not answered and not isinstance(error, ValueError):
                 connection.note_in_flight({request_id: request})
             # Nobody queued meanwhile: nobody waits for this reader to write for them.

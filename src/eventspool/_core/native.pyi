@@ -281,7 +281,10 @@ class ConnectionCore:
     reader_wanted: threading.Condition | None
     reader_ident: int | None
     def __init__(self, fd: int, max_frame: int, tls: Any = None) -> None: ...
+    # The call in person's request while it is made (a list of the client's events).
+    alone: list[Any] | None
     def idle(self) -> bool: ...
+    def take_in_flight(self) -> list[Any]: ...
     def note_in_flight(self, requests: dict[int, Any]) -> None: ...
     def take_answered(self, request_id: int) -> Any: ...
 
@@ -300,6 +303,7 @@ class PipelineCore:
     _backoff: float
     max_batch: int
     max_frame_bytes: int
+    _last_request_id: int
     def __init__(
         self,
         target: Any,

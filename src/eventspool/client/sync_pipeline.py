@@ -532,9 +532,7 @@ class Pipeline(PipelineCore):
                 connection.reader_wanted.notify_all()
             if self._connection is connection:
                 self._connection = None
-            requests = list(connection.in_flight.values())
-            connection.in_flight.clear()
-            connection.targets.clear()
+            requests = connection.take_in_flight()
             if connection.answered:
                 self._backoff = 0.0
             else:
