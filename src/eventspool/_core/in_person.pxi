@@ -457,7 +457,7 @@ cdef class PipelineCore:
         error = None
         try:
             kind, value = _call_alone(
-                connection.fd, request_id, PyUnicode_AsUTF8String(event._topic), event._payload
+                connection.fd, request_id, event._topic, event._payload
             )
         except (ValueError, OSError) as exc:  # a size no frame carries; a broken socket
             kind, value, error = CALL_READ, b"", exc

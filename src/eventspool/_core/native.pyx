@@ -53,6 +53,8 @@ cdef extern from "<pthread.h>" nogil:
 cdef extern from "Python.h":
     object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     void *PyUnicode_DATA(object text)
+    # The UTF-8 the str keeps once made: no bytes object per call.
+    const char *PyUnicode_AsUTF8AndSize(object text, Py_ssize_t *size) except NULL
 
 
 cdef extern from "bytes_util.h":

@@ -16,7 +16,6 @@ from cpython.mem cimport PyMem_Free, PyMem_Realloc
 
 
 cdef extern from "Python.h":
-    const char *PyUnicode_AsUTF8AndSize(object text, Py_ssize_t *size) except NULL
     ctypedef struct PyMethodDef:
         void *ml_meth
         int ml_flags

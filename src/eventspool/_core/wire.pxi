@@ -142,16 +142,21 @@ def common_event_payload(topic, value, key, headers, event_id):
         return None
 
 cdef inline char *_put_batch_head(
-    char *p, Py_ssize_t size, uint8_t frame_type, uint32_t request_id, bytes raw_name, Py_ssize_t count
+    char *p,
+    Py_ssize_t size,
+    uint8_t frame_type,
+    uint32_t request_id,
+    const char *name,
+    Py_ssize_t name_size,
+    Py_ssize_t count,
 ) noexcept:
-    """A SEND or PUBLISH frame of `size` bytes up to its events: header, name, count;
-    where its events go. The caller checked that the sizes fit their fields."""
-    cdef Py_ssize_t name_size = PyBytes_GET_SIZE(raw_name)
+    """A SEND or PUBLISH frame of `size` bytes up to its events: header, name (UTF-8),
+    count; where its events go. The caller checked that the sizes fit their fields."""
     es_put_be32(p, <uint32_t>(size - 4))
     p[4] = <char>frame_type
     es_put_be32(p + 5, request_id)
     es_put_be16(p + FRAME_HEADER_SIZE, <uint16_t>name_size)
-    memcpy(p + FRAME_HEADER_SIZE + 2, PyBytes_AS_STRING(raw_name), name_size)
+    memcpy(p + FRAME_HEADER_SIZE + 2, name, name_size)
     es_put_be32(p + FRAME_HEADER_SIZE + 2 + name_size, <uint32_t>count)
     return p + FRAME_HEADER_SIZE + 6 + name_size
 
@@ -171,7 +176,15 @@ def encode_batch_frame(uint8_t frame_type, uint32_t request_id, bytes raw_name n
     if <uint64_t>(size - 4) > 0xFFFFFFFF:
         return None
     out = PyBytes_FromStringAndSize(NULL, size)
-    p = _put_batch_head(PyBytes_AS_STRING(out), size, frame_type, request_id, raw_name, count)
+    p = _put_batch_head(
+        PyBytes_AS_STRING(out),
+        size,
+        frame_type,
+        request_id,
+        PyBytes_AS_STRING(raw_name),
+        name_size,
+        count,
+    )
     for i in range(count):
         payload = <bytes>payloads[i]
         length = PyBytes_GET_SIZE(payload)
@@ -256,7 +269,7 @@ cdef object _lone_outcome(const char *p, Py_ssize_t size, uint32_t request_id):
     return <uint8_t>p[ONE_RESULT_OFFSET], text
 
 
-cdef tuple _call_alone(int fd, uint32_t request_id, bytes raw_topic, bytes payload):
+cdef tuple _call_alone(int fd, uint32_t request_id, str topic, bytes payload):
     """One event's SEND written and its answer read, on a blocking socket nobody else
     writes or reads now: (CALL_ANSWERED, the event_id or (status, text)).
 
@@ -267,7 +280,8 @@ cdef tuple _call_alone(int fd, uint32_t request_id, bytes raw_topic, bytes paylo
     not this call's whole answer alone. Raises OSError as the socket module does
     (BlockingIOError once SO_RCVTIMEO ran out).
     """
-    cdef Py_ssize_t topic_size = PyBytes_GET_SIZE(raw_topic), payload_size = PyBytes_GET_SIZE(payload)
+    cdef Py_ssize_t topic_size, payload_size = PyBytes_GET_SIZE(payload)
+    cdef const char *raw_topic = PyUnicode_AsUTF8AndSize(topic, &topic_size)
     cdef Py_ssize_t size = FRAME_HEADER_SIZE + 2 + topic_size + 4 + payload_size, sent, got
     cdef char on_stack[CALL_FRAME_ON_STACK]
     cdef char *frame = on_stack
@@ -280,7 +294,7 @@ cdef tuple _call_alone(int fd, uint32_t request_id, bytes raw_topic, bytes paylo
         on_heap = PyBytes_FromStringAndSize(NULL, size)
         frame = PyBytes_AS_STRING(on_heap)
     memcpy(
-        _put_batch_head(frame, size, SEND_TYPE, request_id, raw_topic, 1),
+        _put_batch_head(frame, size, SEND_TYPE, request_id, raw_topic, topic_size, 1),
         PyBytes_AS_STRING(payload),
         payload_size,
     )
