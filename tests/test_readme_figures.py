@@ -152,6 +152,17 @@ QUOTED: list[tuple[str, str, list[str]]] = [
         ["uds_rate_send_async_one_client.anchor:,d", "uds_rate_send_async_one_client.ours:,d"],
     ),
     (
+        "The agent spends {} us of CPU per blocking event, where the echo server's {} per "
+        "round trip and a bare producer's {} per event make a floor of {}",
+        "uds",
+        [
+            "uds_agent_cpu_per_blocking_event.ours:.3g",
+            "echo_server_cpu_us_per_event:.2g",
+            "producer_cpu_us_per_event:.2g",
+            "agent_cpu_floor_us_per_event:.2g",
+        ],
+    ),
+    (
         "the agent ships {} times as many events into Kafka as rsyslog ({} against {} events/s",
         "log_shipper",
         [
