@@ -126,7 +126,9 @@ class LazyFuture(Future[T]):
         return super().exception(timeout)
 
     def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: it makes two bound methods per call (callgrind)
+        try:
             if self._lazy_condition is None and self._state == PENDING:
                 callbacks = self._callbacks
                 if callbacks is None:
@@ -136,6 +138,8 @@ class LazyFuture(Future[T]):
                 else:
                     self._callbacks = [callbacks, fn]
                 return
+        finally:
+            lock.release()
         if self._lazy_condition is None:  # settled without a condition: call it now
             _call(fn, self)
         else:
@@ -151,7 +155,9 @@ class LazyFuture(Future[T]):
         """Settle with a result, or with an exception if one is given: a future nobody
         waits on without its condition, running its callbacks here (one call per event on
         the client's reader, not a chain of helpers); one with a condition Future's way."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # as in add_done_callback
+        try:
             watched = self._lazy_condition is not None
             if not watched:
                 if self._state != PENDING:  # not repr(self): it takes the condition
@@ -160,6 +166,8 @@ class LazyFuture(Future[T]):
                 self._exception = exception
                 self._state = FINISHED
                 callbacks, self._callbacks = self._callbacks, None
+        finally:
+            lock.release()
         if watched:
             if exception is None:
                 super().set_result(cast(T, result))

@@ -156,9 +156,8 @@ class Client:
         that fire faster than the agent spools are slowed to its pace, not left to fill
         the memory, as librdkafka's `queue.buffering.max.messages` does.
         """
-        if exchange is None:  # the usual case, without a call on the way
-            payload = event_payload(topic, value, key, headers, event_id)
-        else:
+        payload = common_event_payload(topic, value, key, headers, event_id)
+        if payload is None or exchange is not None:  # any other event is checked in Python
             payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
         outstanding = self._outstanding
         future = EventFuture(topic, exchange, payload, outstanding)
