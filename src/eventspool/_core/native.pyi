@@ -322,6 +322,9 @@ CHECKED_TOPICS: set[str]
 def common_event_payload(
     topic: object, value: object, key: object, headers: object, event_id: object
 ) -> bytes | None: ...
+def frame_cuts(
+    sizes: list[int], overhead: int, max_frame_bytes: int, max_events: int
+) -> list[slice]: ...
 def encode_wire_event(
     value: bytes | None,
     key: bytes | None,

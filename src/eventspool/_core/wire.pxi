@@ -161,6 +161,30 @@ cdef inline char *_put_batch_head(
     return p + FRAME_HEADER_SIZE + 6 + name_size
 
 
+def frame_cuts(
+    list sizes not None, Py_ssize_t overhead, Py_ssize_t max_frame_bytes, Py_ssize_t max_events
+) -> list:
+    """The loop of `wire.batching.frame_slices`, whose rule this is: the slices of
+    `sizes` (each event's encoded size) that make one frame each, every frame
+    `overhead` bytes and its events, at most `max_frame_bytes` unless one event alone
+    is larger, and at most `max_events` events. Compiled, as the blocking client cuts
+    every batch it writes: a Python loop per event."""
+    cdef Py_ssize_t count = len(sizes), start = 0, index, size = overhead, event_size
+    cuts = []
+    for index in range(count):
+        event_size = sizes[index]
+        if index > start and (
+            size + event_size > max_frame_bytes or index - start >= max_events
+        ):
+            cuts.append(slice(start, index))
+            start = index
+            size = overhead
+        size += event_size
+    if start < count:
+        cuts.append(slice(start, count))
+    return cuts
+
+
 def encode_batch_frame(uint8_t frame_type, uint32_t request_id, bytes raw_name not None, list payloads not None):
     """A whole SEND or PUBLISH frame: header, name, count, the events encoded already.
 

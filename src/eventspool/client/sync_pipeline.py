@@ -568,11 +568,13 @@ def _encode(request_id: int, request: Request) -> bytes | None:
 
 
 def _take(queue: deque[Event | Control], most: int) -> list[Event | Control]:
-    """Up to `most` requests from the front of the queue; callers may append meanwhile."""
+    """Up to `most` requests from the front of the queue; callers may append meanwhile,
+    and close() may take them too."""
     taken: list[Event | Control] = []
-    while len(taken) < most:
-        try:
-            taken.append(queue.popleft())
-        except IndexError:
-            break
+    take = queue.popleft
+    try:
+        for _ in range(most):
+            taken.append(take())
+    except IndexError:  # emptied
+        pass
     return taken

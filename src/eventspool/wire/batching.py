@@ -7,29 +7,17 @@ than the agent accepts in one request (`MAX_EVENTS_PER_SEND`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
+from eventspool._core.native import frame_cuts
 from eventspool.wire.protocol import MAX_EVENTS_PER_SEND, SEND_OVERHEAD
 
 
-def frame_slices(name: str, sizes: Sequence[int], max_frame_bytes: int) -> list[slice]:
+def frame_slices(name: str, sizes: list[int], max_frame_bytes: int) -> list[slice]:
     """The events of each frame, in order, given each event's encoded size.
 
     `name` is the topic or exchange every frame repeats. An event larger than a frame on
     its own goes alone in one, for the agent to judge (and refuse) with the others' fate
     unaffected. Sizes, not events, come in, so the clients keep their own event types.
+    The loop over them is compiled (`frame_cuts`).
     """
     overhead = SEND_OVERHEAD + len(name.encode())
-    slices: list[slice] = []
-    start = 0
-    size = overhead
-    for index, event_size in enumerate(sizes):
-        if index > start and (
-            size + event_size > max_frame_bytes or index - start >= MAX_EVENTS_PER_SEND
-        ):
-            slices.append(slice(start, index))
-            start, size = index, overhead
-        size += event_size
-    if start < len(sizes):
-        slices.append(slice(start, len(sizes)))
-    return slices
+    return frame_cuts(sizes, overhead, max_frame_bytes, MAX_EVENTS_PER_SEND)
