@@ -7,10 +7,11 @@ instrumented build.
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -178,8 +179,17 @@ def test_timeouts_on_something_not_a_socket_raise_oserror(tmp_path: Path) -> Non
         block_with_timeout(plain.fileno(), 1.0)
 
 
-def _open_descriptors() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+def _in_a_process_of_its_own(check: str, tmp_path: Path) -> None:
+    """Runs one of `tests.client.connect_failures`' checks, which count the open
+    descriptors, in a child whose only thread is the check's."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.client.connect_failures", check, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def test_connect_unix_gives_a_blocking_close_on_exec_socket_with_its_timeouts(
@@ -214,43 +224,11 @@ def test_connect_unix_reaches_an_abstract_address() -> None:
 def test_connect_unix_fails_as_socket_connect_does_and_leaves_no_descriptor(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "plain").write_bytes(b"")
-    before = _open_descriptors()
-    with pytest.raises(FileNotFoundError) as missing:
-        connect_unix(str(tmp_path / "missing.sock"), 1.0)
-    assert missing.value.errno == errno.ENOENT and missing.value.strerror
-    with pytest.raises(ConnectionRefusedError):
-        connect_unix(str(tmp_path / "plain"), 1.0)
-    with pytest.raises(OSError, match="AF_UNIX path too long"):
-        connect_unix(str(tmp_path / ("x" * 200)), 1.0)
-    with pytest.raises(UnicodeEncodeError):  # a lone surrogate has no file system bytes
-        connect_unix("\ud800", 1.0)
-    assert _open_descriptors() == before
+    _in_a_process_of_its_own("refused", tmp_path)
 
 
 def test_connect_unix_to_a_full_backlog_gives_up_after_its_timeout(tmp_path: Path) -> None:
-    """An agent that accepts no more: the connect waits for room in its backlog for the
-    timeout (SO_SNDTIMEO), then fails with EAGAIN, the descriptor closed."""
-    path = tmp_path / "agent.sock"
-    waiting: list[socket.socket] = []
-    with _listening(path) as listener:
-        listener.listen(0)
-        try:
-            while True:  # fill the backlog without waiting
-                sock = socket.socket(socket.AF_UNIX)
-                waiting.append(sock)
-                sock.setblocking(False)
-                sock.connect(str(path))
-        except BlockingIOError:
-            pass
-        before = _open_descriptors()
-        started = time.monotonic()
-        with pytest.raises(BlockingIOError):
-            connect_unix(str(path), 0.3)
-        assert 0.29 <= time.monotonic() - started < 3
-        assert _open_descriptors() == before
-    for sock in waiting:
-        sock.close()
+    _in_a_process_of_its_own("backlog", tmp_path)
 
 
 def test_a_connections_socket_object_stays_blocking_under_a_default_timeout(
