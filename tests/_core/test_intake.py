@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from eventspool._core.native import decode_results, intake_frames, intake_send
 from eventspool.config import QueueSettings, SpoolSettings
+from eventspool.envelope import decode
 from eventspool.pipeline import Spool
 from eventspool.wire.protocol import (
     FrameDecoder,
@@ -211,6 +212,45 @@ def test_pings_are_answered_in_order_and_new_topics_are_learned(tmp_path: Path) 
             (None, b"b"),
             (None, b"c"),
         ]
+
+
+def test_a_run_of_sends_to_one_topic_is_judged_once_and_each_event_keeps_its_topic(
+    tmp_path: Path,
+) -> None:
+    """The intake remembers the last topic found never to wait, even when `learn` keeps
+    no answer (the agent's cache of topics is full): a run of SENDs to it is judged
+    once, and a SEND to another topic is judged and spooled to that topic."""
+    judged: list[bytes] = []
+
+    def learn(raw_topic: bytes) -> bool:
+        judged.append(raw_topic)
+        return True
+
+    sends = [(1, "a"), (2, "a"), (3, "b"), (4, "b"), (5, "a"), (6, "ab")]
+    data = b"".join(
+        encode_send(request_id, topic, [WireEvent(None, f"{request_id}".encode(), None)])
+        for request_id, topic in sends
+    )
+    with _spool(tmp_path) as spool:
+        for topic in ("a", "b", "ab"):
+            spool.set_partition_count(topic, 1)
+        answers, consumed, spooled_sends = intake_frames(
+            spool,
+            data,
+            1 << 20,
+            set(),
+            learn,
+            _fallback(spool),  # type: ignore[arg-type]
+        )
+        assert (consumed, spooled_sends) == (len(data), len(sends))
+        assert judged == [b"a", b"b", b"a", b"ab"]
+        event_ids = [decode_results(frame.body)[0] for frame in FrameDecoder().feed(answers)]
+        topic_of = {
+            decode(record.payload).event_id: ref.topic
+            for ref in spool.queues()
+            for record in ref.ring.read_batch(100, 1 << 20)
+        }
+        assert [topic_of[event_id] for event_id in event_ids] == [t for _, t in sends]  # type: ignore[index]
 
 
 @settings(max_examples=50)

@@ -93,8 +93,7 @@ cdef class UnixIntake:
     cdef SpoolFront front
     cdef Py_ssize_t max_frame
     cdef double frame_timeout_s
-    cdef set inline
-    cdef object learn
+    cdef _NeverWaiting never_waiting
     cdef object fallback
     cdef object hand_over
     cdef object counters
@@ -134,8 +133,7 @@ cdef class UnixIntake:
         self.front = front
         self.max_frame = max_frame
         self.frame_timeout_s = frame_timeout_s
-        self.inline = inline
-        self.learn = learn
+        self.never_waiting = _NeverWaiting(inline, learn)
         self.fallback = fallback
         self.hand_over = hand_over
         self.counters = counters
@@ -325,8 +323,8 @@ cdef class UnixIntake:
         out = self.answers
         out.clear(LISTENER_ANSWERS_KEPT)
         consumed = _spool_frames(
-            self.front, p, size, self.max_frame, self.inline, self.learn, self.fallback,
-            out, &sends, &partial,
+            self.front, p, size, self.max_frame, self.never_waiting, self.fallback, out,
+            &sends, &partial,
         )
         if sends:
             self.counters.requests += sends
