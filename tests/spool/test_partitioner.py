@@ -252,6 +252,34 @@ def test_sticky_only_chooses_available_partitions(
 
 
 @given(
+    data=st.data(),
+    partition_count=st.integers(min_value=1, max_value=12),
+    batch_bytes=st.integers(min_value=1, max_value=3_000),
+    seed=st.integers(min_value=0, max_value=2**32),
+    in_place=st.booleans(),
+)
+def test_sticky_chooses_alike_whether_available_is_kept_or_changed_in_place(
+    data: st.DataObject, partition_count: int, batch_bytes: int, seed: int, in_place: bool
+) -> None:
+    """The partitioner remembers the frozenset found to hold its current partition; a
+    new frozenset, or a set changed in place, is looked at again, as a fresh list is."""
+    fresh = StickyPartitioner(batch_bytes, random.Random(seed))
+    kept = StickyPartitioner(batch_bytes, random.Random(seed))
+    partitions = st.integers(min_value=0, max_value=partition_count - 1)
+    changing: set[int] = set()
+    for _ in range(data.draw(st.integers(min_value=1, max_value=6), label="rounds")):
+        chosen = data.draw(st.frozensets(partitions, min_size=1), label="available")
+        given: frozenset[int] | set[int] = chosen
+        if in_place:
+            changing.clear()
+            changing.update(chosen)
+            given = changing
+        for size in data.draw(st.lists(st.integers(0, 2_000), max_size=20), label="sizes"):
+            expected = fresh.partition(partition_count, size, sorted(chosen))
+            assert kept.partition(partition_count, size, given) == expected
+
+
+@given(
     partition_count=st.integers(min_value=1, max_value=40),
     seed=st.integers(min_value=0, max_value=2**32),
     sizes=st.lists(st.integers(min_value=0, max_value=500), min_size=1, max_size=40),

@@ -32,6 +32,9 @@ cdef class StickyPartitioner:
     cdef object _rng
     cdef int _current
     cdef Py_ssize_t _produced
+    # The frozenset of available partitions last found to hold `_current`: the same set
+    # again needs no lookup (a boxed int and a hash per event otherwise).
+    cdef object _current_available_in
 
     def __init__(self, Py_ssize_t batch_bytes=16384, rng=None) -> None:
         if batch_bytes < 1:
@@ -46,15 +49,27 @@ cdef class StickyPartitioner:
         if not (
             self._produced < self.batch_bytes
             and 0 <= current < partition_count
-            and (not available or current in available)
+            and (
+                not available
+                or available is self._current_available_in
+                or self._available_holds_current(available)
+            )
         ):
             eligible = _eligible(partition_count, available)
             if self._produced >= self.batch_bytes or current not in eligible:
                 current = self._pick(eligible, current)
                 self._current = current
+                self._current_available_in = None
                 self._produced = 0
         self._produced += size
         return current
+
+    cdef bint _available_holds_current(self, available) except -1:
+        if self._current not in available:
+            return False
+        if type(available) is frozenset:  # a list or set may change in place
+            self._current_available_in = available
+        return True
 
     cdef int _pick(self, eligible, int current) except -1:
         """Draw uniformly among `eligible`, excluding `current` when possible."""
