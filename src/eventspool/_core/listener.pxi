@@ -63,6 +63,12 @@ cdef inline double _monotonic_s() noexcept nogil:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
+# The epoll tags that are not a peer's address.
+cdef enum:
+    WAKE_TAG = 0
+    LISTEN_TAG = 1
+
+
 cdef class _UnixPeer:
     """One connection the compiled listener serves."""
 
@@ -72,6 +78,10 @@ cdef class _UnixPeer:
     cdef bytearray pending  # a partial frame's bytes, kept between reads
     cdef bytes unsent  # answers the socket did not take yet; it is not read meanwhile
     cdef double since  # when it connected, while silent; when its partial frame began
+
+
+cdef inline uint64_t _tag_of(_UnixPeer peer) noexcept:
+    return <uint64_t><uintptr_t><void *>peer
 
 
 cdef class UnixIntake:
@@ -97,8 +107,10 @@ cdef class UnixIntake:
     cdef object fallback
     cdef object hand_over
     cdef object counters
+    cdef Py_ssize_t requests  # SENDs spooled this turn, added to `counters` at its end
     cdef object failed
-    cdef dict peers
+    cdef dict peers  # by descriptor; each is also the tag of its epoll registration
+    cdef list retired  # peers closed or handed over this turn, kept alive until its end
     cdef bytearray read_buffer
     cdef _ResultBuffer answers  # a read's answers, reused read after read
     cdef bint stopping
@@ -139,6 +151,7 @@ cdef class UnixIntake:
         self.counters = counters
         self.failed = failed
         self.peers = {}
+        self.retired = []
         self.read_buffer = bytearray(LISTENER_READ_SIZE)
         self.answers = _ResultBuffer(LISTENER_ANSWERS_KEPT)
         self.next_deadline = INFINITY
@@ -149,8 +162,8 @@ cdef class UnixIntake:
         self.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
         if self.wake_fd < 0:
             raise _os_error(errno)
-        self._watch(self.wake_fd, EPOLL_CTL_ADD, EPOLLIN)
-        self._watch(listen_fd, EPOLL_CTL_ADD, EPOLLIN)
+        self._watch(self.wake_fd, EPOLL_CTL_ADD, EPOLLIN, WAKE_TAG)
+        self._watch(listen_fd, EPOLL_CTL_ADD, EPOLLIN, LISTEN_TAG)
         self.listening = True
 
     def __dealloc__(self):
@@ -190,9 +203,11 @@ cdef class UnixIntake:
                         continue
                     raise _os_error(error)
                 for i in range(ready):
-                    self._ready(events[i].data.fd, events[i].events)
+                    self._ready(events[i].data.u64)
                 self._expire()
+                self._end_turn()
         finally:
+            self._end_turn()
             for found in list(self.peers.values()):
                 peer = <_UnixPeer>found
                 try:
@@ -204,19 +219,31 @@ cdef class UnixIntake:
                     self._close(peer)
                     self._report("closing a connection", exc)
 
-    cdef int _ready(self, int fd, uint32_t flags) except -1:
-        if fd == self.wake_fd:
+    cdef int _ready(self, uint64_t tag) except -1:
+        """Serve what epoll found ready: its tag is a peer itself (no lookup by
+        descriptor), or names the wake-up or the listening socket."""
+        cdef _UnixPeer peer
+        if tag == WAKE_TAG:
             self.stopping = True
-            return 0
-        if fd == self.listen_fd:
+        elif tag == LISTEN_TAG:
             try:
                 self._accept()
             except Exception as exc:
                 self._report("accepting a connection", exc)
-            return 0
-        found = self.peers.get(fd)
-        if found is not None:
-            self._serve(<_UnixPeer>found)
+        else:
+            peer = <_UnixPeer><void *><uintptr_t>tag
+            if peer.fd >= 0:  # not closed earlier in this turn
+                self._serve(peer)
+        return 0
+
+    cdef int _end_turn(self) except -1:
+        """Count the turn's SENDs, and let go of the peers it closed: no event of this
+        turn can name them any more."""
+        if self.requests:
+            self.counters.requests += self.requests
+            self.requests = 0
+        if self.retired:
+            del self.retired[:]
         return 0
 
     cdef int _serve(self, _UnixPeer peer) except -1:
@@ -239,11 +266,10 @@ cdef class UnixIntake:
             pass
         return 0
 
-    cdef int _watch(self, int fd, int op, uint32_t flags) except -1:
+    cdef int _watch(self, int fd, int op, uint32_t flags, uint64_t tag) except -1:
         cdef epoll_event event
         event.events = flags
-        event.data.u64 = 0
-        event.data.fd = fd
+        event.data.u64 = tag
         if epoll_ctl(self.epoll_fd, op, fd, &event) < 0:
             raise _os_error(errno)
         return 0
@@ -277,7 +303,7 @@ cdef class UnixIntake:
                 if error == EINTR or error == ECONNABORTED:
                     continue
                 if error == EMFILE or error == ENFILE or error == ENOBUFS or error == ENOMEM:
-                    self._watch(self.listen_fd, EPOLL_CTL_DEL, 0)
+                    self._watch(self.listen_fd, EPOLL_CTL_DEL, 0, LISTEN_TAG)
                     self.listening = False
                     self.accept_again = _monotonic_s() + LISTENER_ACCEPT_RETRY_S
                 raise _os_error(error)
@@ -286,7 +312,7 @@ cdef class UnixIntake:
             peer.since = _monotonic_s()
             self.peers[fd] = peer
             try:
-                self._watch(fd, EPOLL_CTL_ADD, EPOLLIN)
+                self._watch(fd, EPOLL_CTL_ADD, EPOLLIN, _tag_of(peer))
             except OSError:
                 self._close(peer)
                 raise
@@ -326,8 +352,7 @@ cdef class UnixIntake:
             self.front, p, size, self.max_frame, self.never_waiting, self.fallback, out,
             &sends, &partial,
         )
-        if sends:
-            self.counters.requests += sends
+        self.requests += sends
         if consumed < size and not partial:
             self._hand_over(
                 peer,
@@ -362,13 +387,13 @@ cdef class UnixIntake:
             sent = 0
         if sent < size:
             peer.unsent = PyBytes_FromStringAndSize(data + sent, size - sent)
-            self._watch(peer.fd, EPOLL_CTL_MOD, EPOLLOUT)
+            self._watch(peer.fd, EPOLL_CTL_MOD, EPOLLOUT, _tag_of(peer))
         return 0
 
     cdef int _flush(self, _UnixPeer peer) except -1:
         unsent = peer.unsent
         peer.unsent = None
-        self._watch(peer.fd, EPOLL_CTL_MOD, EPOLLIN)
+        self._watch(peer.fd, EPOLL_CTL_MOD, EPOLLIN, _tag_of(peer))
         self._write(peer, PyBytes_AS_STRING(unsent), PyBytes_GET_SIZE(unsent))
         return 0
 
@@ -376,8 +401,9 @@ cdef class UnixIntake:
         self, _UnixPeer peer, const char *rest, Py_ssize_t size, bytes unsent, bint answered
     ) except -1:
         cdef int fd = peer.fd
-        self._watch(fd, EPOLL_CTL_DEL, 0)
+        self._watch(fd, EPOLL_CTL_DEL, 0, 0)
         del self.peers[fd]
+        self.retired.append(peer)
         peer.fd = -1
         try:
             self.hand_over(fd, PyBytes_FromStringAndSize(rest, size), unsent, answered)
@@ -393,6 +419,7 @@ cdef class UnixIntake:
             _socket_send(peer.fd, PyBytes_AS_STRING(peer.unsent), PyBytes_GET_SIZE(peer.unsent), MSG_DONTWAIT | MSG_NOSIGNAL)
         unistd.close(peer.fd)  # which takes it out of the epoll set too
         self.peers.pop(peer.fd, None)
+        self.retired.append(peer)
         peer.fd = -1
         return 0
 
@@ -403,7 +430,7 @@ cdef class UnixIntake:
         cdef _UnixPeer peer
         if not self.listening and now >= self.accept_again:
             try:
-                self._watch(self.listen_fd, EPOLL_CTL_ADD, EPOLLIN)
+                self._watch(self.listen_fd, EPOLL_CTL_ADD, EPOLLIN, LISTEN_TAG)
                 self.listening = True
             except OSError as exc:
                 self.accept_again = now + LISTENER_ACCEPT_RETRY_S

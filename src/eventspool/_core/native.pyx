@@ -34,7 +34,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
 from cpython.exc cimport PyErr_CheckSignals
 from libc.errno cimport EAGAIN, EINTR, errno
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcmp, memcpy, memset, strerror
 from posix.stat cimport fstat, struct_stat
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
