@@ -12,7 +12,6 @@ from cpython.pythread cimport (
     NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
     PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock, PyThread_type_lock,
 )
-from time import monotonic as _monotonic
 
 cdef extern from "pythread.h":
     PyLockStatus PyThread_acquire_lock_timed(
@@ -168,8 +167,6 @@ cdef class CoreLock:
         return 0
 
     def acquire(self, bint blocking=True, double timeout=-1) -> bool:
-        cdef PyLockStatus status
-        cdef long long microseconds
         if not blocking and timeout != -1:
             raise ValueError("can't specify a timeout for a non-blocking call")
         if self.try_take():
@@ -179,7 +176,12 @@ cdef class CoreLock:
         if timeout < 0:
             self.take()
             return True
-        microseconds = <long long>(timeout * 1e6)
+        return self.take_within(timeout)
+
+    cdef bint take_within(self, double timeout) noexcept:
+        """Take the lock within `timeout` seconds, waiting without the interpreter lock."""
+        cdef PyLockStatus status
+        cdef long long microseconds = <long long>(timeout * 1e6)
         with nogil:
             status = PyThread_acquire_lock_timed(self._handle, microseconds, 0)
         if status != PY_LOCK_ACQUIRED:
@@ -221,6 +223,37 @@ cdef class InPerson:
 
     def done(self) -> bool:
         return self.outcome is not None
+
+
+cdef class QueuedCall:
+    """The event of a `send()` that found the connection busy, and what its caller waits
+    on: settled by whoever reads its answer, which gives back the lock held since it was
+    made. One C object where a `Waiting` and its `Reply` were two Python ones with
+    their own lock (with 16 threads sharing a client, most calls come this way)."""
+
+    cdef readonly object _topic  # None: published through `_exchange`
+    cdef readonly object _exchange
+    cdef public bytes _payload
+    cdef readonly object outcome
+    cdef CoreLock _unsettled
+
+    def __init__(self, topic, exchange, bytes payload not None):
+        self._topic = topic
+        self._exchange = exchange
+        self._payload = payload
+        self._unsettled = CoreLock()
+        self._unsettled.try_take()
+
+    def _settle(self, outcome) -> None:
+        """Set once, by the reader of its answer or by whoever fails it."""
+        self.outcome = outcome
+        self._unsettled.give()
+
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    def _wait_done(self, double timeout) -> bool:
+        return self._unsettled.acquire(True, timeout)
 
 
 cdef class ConnectionCore:
@@ -412,13 +445,86 @@ cdef class PipelineCore:
             finally:
                 self._writer.give()
             if reading is not None:  # what others queued meanwhile, or a broken answer
-                self._read(reading, event, _monotonic() + self.timeout)
+                self._read(reading, event, _monotonic_s() + self.timeout)
                 return event.outcome or self._no_answer()
             if event.outcome is not None:
                 if self._pending:  # queued while this caller held the writer role
                     self._flush()
                 return event.outcome
-        return self._call_queued(topic, exchange, payload)
+        return self._queued(topic, exchange, payload)
+
+    cdef object _queued(self, topic, exchange, bytes payload):
+        """A `send()` not made in person: written alone when the writer role is free and
+        nothing is queued (`_write_alone`, which gives the role back), else queued; then
+        waited for, like any call."""
+        cdef QueuedCall event = QueuedCall(topic, exchange, payload)
+        if self._pending or self._closed or not self._writer.try_take():
+            self.submit([event])
+        else:
+            self._write_alone(event)
+        self.wait(event)
+        return event.outcome
+
+    def submit(self, list items not None, bint control=False) -> None:
+        """Queue requests (events of one call, or one PING or STATS: `control`); write
+        them unless another thread is writing (it takes them).
+
+        An event for a target with a request in flight, or queued while the reader
+        handles answers, is left to the reader: it writes after its next answers, so
+        callers that fire faster than the round trip share frames instead of each paying
+        a write and a wake-up. The agent answers one target's requests in order anyway.
+        A full batch queued is written at once, unless the reader is busy.
+        """
+        cdef ConnectionCore connection
+        if self._closed:
+            raise self._closed_error()
+        pending = self._pending
+        pending.extend(items)
+        found = self._connection
+        if found is not None:
+            connection = <ConnectionCore>found
+            # A busy reader writes next in any case; the caller may be that very reader,
+            # in a done callback, and must not wait for room while nobody reads.
+            if connection.reader_busy:
+                return
+            if not control and len(pending) < self.max_batch:
+                first = items[0]
+                if (first._topic, first._exchange) in connection.targets:
+                    return
+        self._flush()
+
+    def wait(self, reply) -> None:
+        """Wait until `reply` (a call's, or a future) is done, reading the answers while
+        nobody else does; AgentError once `timeout` ran out."""
+        cdef double deadline = _monotonic_s() + self.timeout, left
+        # A `send()`'s own call is waited on in C; the others through their methods.
+        cdef QueuedCall call = reply if type(reply) is QueuedCall else None
+        while not (call.outcome is not None if call is not None else reply.done()):
+            left = deadline - _monotonic_s()
+            if left <= 0:
+                raise self._no_answer()
+            connection = self._take_reading()
+            if connection is None:
+                if call is not None:
+                    call._unsettled.take_within(left)
+                else:
+                    reply._wait_done(left)
+            else:
+                self._read(connection, reply, deadline)
+
+    cdef object _take_reading(self):
+        """The connection, when the caller may read it: nobody else is reading."""
+        cdef ConnectionCore connection
+        self._lock.take()
+        found = self._connection
+        if found is not None:
+            connection = <ConnectionCore>found
+            if connection.closed or connection.reading:
+                found = None
+            else:
+                connection.reading = True
+        self._lock.give()
+        return found
 
     cdef object _in_person(self, InPerson event):
         """The writer makes `event`'s call whole with `_call_alone`: written, its answer

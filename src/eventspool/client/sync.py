@@ -190,7 +190,8 @@ class Client:
         if not items:
             return []
         self._pipeline.submit(items)
-        outcomes = self._pipeline.wait(reply)
+        self._pipeline.wait(reply)
+        outcomes = [outcome for outcome in reply.outcomes if outcome is not None]
         for outcome in outcomes:
             if isinstance(outcome, AgentError):
                 raise outcome
@@ -225,8 +226,9 @@ class Client:
 
     def _control(self, frame_type: FrameType, answer: FrameType) -> bytes:
         control = Control(frame_type, answer)
-        self._pipeline.submit([control])
-        outcome = self._pipeline.wait(control.reply)[0]
+        self._pipeline.submit([control], control=True)
+        self._pipeline.wait(control.reply)
+        outcome = control.reply.outcomes[0]
         if isinstance(outcome, EventspoolError):
             raise outcome
         return control.body

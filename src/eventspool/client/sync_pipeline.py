@@ -43,6 +43,7 @@ from eventspool._core.native import (
     CALL_UNWRITTEN,
     InPerson,
     PipelineCore,
+    QueuedCall,
     connect_unix,
 )
 from eventspool.client.common import Target, connect_failure, next_backoff
@@ -58,7 +59,6 @@ from eventspool.client.sync_requests import (
     EventFuture,
     Reply,
     Request,
-    Waiting,
     encode_chunk,
     fail,
     refusal_error,
@@ -66,7 +66,6 @@ from eventspool.client.sync_requests import (
 )
 from eventspool.errors import AgentError, EventspoolError, InvalidEventError
 from eventspool.wire.batching import frame_slices
-from eventspool.wire.checks import Outcome
 from eventspool.wire.protocol import (
     DEFAULT_MAX_FRAME,
     Frame,
@@ -106,23 +105,7 @@ class Pipeline(PipelineCore):
             if reader is not None and reader is not threading.current_thread():
                 reader.join(self.timeout)
 
-    # ---- callers' side ------------------------------------------------------------------
-
-    def wait(self, reply: Reply | EventFuture) -> list[Outcome]:
-        """Wait for a reply, reading the answers while nobody else does."""
-        deadline = time.monotonic() + self.timeout
-        while not reply.done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise self._no_answer()
-            connection = self._take_reading()
-            if connection is None:
-                reply._wait_done(left)
-            else:
-                self._read(connection, reply, deadline)
-        if isinstance(reply, EventFuture):
-            return []
-        return [outcome for outcome in reply.outcomes if outcome is not None]
+    # ---- callers' side (queuing and waiting: `PipelineCore.submit`, `.wait`) -------------
 
     def _no_answer(self) -> AgentError:
         return AgentError(
@@ -130,42 +113,13 @@ class Pipeline(PipelineCore):
             "outcome is unknown: the request may or may not have been processed"
         )
 
-    def submit(self, items: Sequence[Event | Control]) -> None:
-        """Queue requests; write them unless another thread is writing (it takes them).
+    def _closed_error(self) -> AgentError:
+        return AgentError(f"agent at {self.target}: the client is closed")
 
-        An event for a target with a request in flight, or queued while the reader
-        handles answers, is left to the reader: it writes after its next answers, so
-        callers that fire faster than the round trip share frames instead of each paying
-        a write and a wake-up. The agent answers one target's requests in order anyway.
-        A full batch queued is written at once, unless the reader is busy.
-        """
-        if self._closed:
-            raise AgentError(f"agent at {self.target}: the client is closed")
-        pending = self._pending
-        pending.extend(items)
-        connection = self._connection
-        if connection is not None:
-            first = items[0]
-            # A busy reader writes next in any case; the caller may be that very reader,
-            # in a done callback, and must not wait for room while nobody reads.
-            if connection.reader_busy or (
-                len(pending) < self.max_batch
-                and not isinstance(first, Control)
-                and (first._topic, first._exchange) in connection.targets
-            ):
-                return
-        self._flush()
-
-    def _call_queued(self, topic: str | None, exchange: str | None, payload: bytes) -> Outcome:
-        """A blocking `send()` not made in person (`PipelineCore.call`): sent alone or
-        queued, and waited for, like any call."""
-        reply = Reply(1)
-        self.send_alone(Waiting(topic, exchange, payload, reply))
-        return self.wait(reply)[0]
-
-    def send_alone(self, event: Waiting) -> None:
+    def _write_alone(self, event: QueuedCall) -> None:
         """Write a `send()` and read its answer in person when nothing else is queued, in
-        flight or being read; otherwise `submit()` it. Its reply is waited for as usual.
+        flight or being read; otherwise `submit()` it. The caller holds the writer role,
+        given back here; `PipelineCore.wait` waits for the event as usual.
 
         Alone, the caller holds the writer role and claims the reading before writing,
         so a caller who comes meanwhile queues and waits as it would for any reader: the
@@ -174,19 +128,16 @@ class Pipeline(PipelineCore):
         64-72 us of client CPU per send through the pipeline, 31-38 us alone).
         """
         deadline = time.monotonic() + self.timeout
-        if self._pending or self._closed or not self._writer.acquire(blocking=False):
-            self.submit([event])
-            return
         try:
             connection = self._claim_alone(event)
         finally:
             self._writer.release()
         if connection is not None:
-            self._read(connection, event.reply, deadline)
-        elif not event.reply.done():
+            self._read(connection, event, deadline)
+        elif not event.done():
             self.submit([event])
 
-    def _claim_alone(self, event: Waiting) -> Connection | None:
+    def _claim_alone(self, event: QueuedCall) -> Connection | None:
         """The writer writes `event` alone and returns its connection, read by nobody
         else now; None when others were first (or the event failed already)."""
         connection = self._connect_or_fail([event])
@@ -411,15 +362,6 @@ class Pipeline(PipelineCore):
         connection = self._connection
         return connection is not None and connection.reader_ident == threading.get_ident()
 
-    def _take_reading(self) -> Connection | None:
-        """The connection, when the caller may read it: nobody else is reading."""
-        with self._lock:
-            connection = self._connection
-            if connection is None or connection.closed or connection.reading:
-                return None
-            connection.reading = True
-            return connection
-
     def _wake_reader(self, connection: Connection) -> None:
         """Have the reader thread read the answers due; the caller holds `_lock`.
 
@@ -459,7 +401,7 @@ class Pipeline(PipelineCore):
     def _read(
         self,
         connection: Connection,
-        reply: Reply | EventFuture | InPerson | None,
+        reply: Reply | EventFuture | InPerson | QueuedCall | None,
         deadline: float | None,
     ) -> None:
         """Hand out answers until `reply` is done (or, without one, none is due)."""

@@ -15,7 +15,7 @@ from concurrent.futures import InvalidStateError
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 
-from eventspool._core.native import InPerson, decode_results
+from eventspool._core.native import InPerson, QueuedCall, decode_results
 from eventspool.client.future import LazyFuture
 from eventspool.errors import AgentError, EventspoolError
 from eventspool.wire.checks import Outcome
@@ -111,8 +111,7 @@ class EventFuture(LazyFuture[str]):
 
 @dataclass(slots=True, eq=False)
 class Waiting:
-    """One event of `send()` or `send_many()` queued or written, and the slot of its
-    caller's reply."""
+    """One event of `send_many()` queued or written, and the slot of its caller's reply."""
 
     _topic: str | None  # None: published through `exchange`
     _exchange: str | None
@@ -125,7 +124,7 @@ class Waiting:
 
 
 #: One event on its way: the caller waits in person, or holds its future.
-Event = Waiting | EventFuture | InPerson
+Event = Waiting | EventFuture | InPerson | QueuedCall
 
 
 @dataclass(slots=True, eq=False)
