@@ -109,8 +109,7 @@ cdef class UnixIntake:
     cdef object counters
     cdef Py_ssize_t requests  # SENDs spooled this turn, added to `counters` at its end
     cdef object failed
-    cdef dict peers  # by descriptor; each is also the tag of its epoll registration
-    cdef list retired  # peers closed or handed over this turn, kept alive until its end
+    cdef dict peers  # by descriptor, holding them; each is the tag of its epoll entry
     cdef bytearray read_buffer
     cdef _ResultBuffer answers  # a read's answers, reused read after read
     cdef bint stopping
@@ -151,7 +150,6 @@ cdef class UnixIntake:
         self.counters = counters
         self.failed = failed
         self.peers = {}
-        self.retired = []
         self.read_buffer = bytearray(LISTENER_READ_SIZE)
         self.answers = _ResultBuffer(LISTENER_ANSWERS_KEPT)
         self.next_deadline = INFINITY
@@ -221,7 +219,13 @@ cdef class UnixIntake:
 
     cdef int _ready(self, uint64_t tag) except -1:
         """Serve what epoll found ready: its tag is a peer itself (no lookup by
-        descriptor), or names the wake-up or the listening socket."""
+        descriptor), or names the wake-up or the listening socket.
+
+        A turn's events name each connection once, and a peer is closed or handed over
+        (let go by `peers`) only while its own event is served or between turns, so no
+        event names a peer that is gone. `peer` holds a reference while it is served:
+        `_close` lets go of the one in `peers`, then marks the peer closed.
+        """
         cdef _UnixPeer peer
         if tag == WAKE_TAG:
             self.stopping = True
@@ -232,18 +236,14 @@ cdef class UnixIntake:
                 self._report("accepting a connection", exc)
         else:
             peer = <_UnixPeer><void *><uintptr_t>tag
-            if peer.fd >= 0:  # not closed earlier in this turn
-                self._serve(peer)
+            self._serve(peer)
         return 0
 
     cdef int _end_turn(self) except -1:
-        """Count the turn's SENDs, and let go of the peers it closed: no event of this
-        turn can name them any more."""
+        """Add the turn's SENDs to the counters: once a turn, not once a read."""
         if self.requests:
             self.counters.requests += self.requests
             self.requests = 0
-        if self.retired:
-            del self.retired[:]
         return 0
 
     cdef int _serve(self, _UnixPeer peer) except -1:
@@ -403,7 +403,6 @@ cdef class UnixIntake:
         cdef int fd = peer.fd
         self._watch(fd, EPOLL_CTL_DEL, 0, 0)
         del self.peers[fd]
-        self.retired.append(peer)
         peer.fd = -1
         try:
             self.hand_over(fd, PyBytes_FromStringAndSize(rest, size), unsent, answered)
@@ -419,7 +418,6 @@ cdef class UnixIntake:
             _socket_send(peer.fd, PyBytes_AS_STRING(peer.unsent), PyBytes_GET_SIZE(peer.unsent), MSG_DONTWAIT | MSG_NOSIGNAL)
         unistd.close(peer.fd)  # which takes it out of the epoll set too
         self.peers.pop(peer.fd, None)
-        self.retired.append(peer)
         peer.fd = -1
         return 0
 
