@@ -203,16 +203,24 @@ cdef class CoreLock:
         self.give()
 
 
-cdef class InPerson:
+cdef class SendCall:
+    """A `send()`'s event, and its outcome once settled: the event_id, or the error that
+    refused it. `InPerson` when its caller makes the call alone, `QueuedCall` when it
+    queues it."""
+
+    cdef readonly object _topic  # None: published through `_exchange`
+    cdef readonly object _exchange
+    cdef public bytes _payload
+    cdef readonly object outcome
+
+    def done(self) -> bool:
+        return self.outcome is not None
+
+
+cdef class InPerson(SendCall):
     """The event of a `send()` whose caller found the connection idle: it writes the
     event and reads the answer itself, so only it (or a broken connection) settles it,
-    and its outcome needs no lock to wait on."""
-
-    cdef readonly str _topic
-    cdef public bytes _payload
-    cdef public object outcome
-    # Always None: an in-person call is a topic's; the pipeline asks every event for it.
-    cdef readonly object _exchange
+    and its outcome needs no lock to wait on. Always a topic's."""
 
     def __init__(self, str topic not None, bytes payload not None):
         self._topic = topic
@@ -221,20 +229,13 @@ cdef class InPerson:
     def _settle(self, outcome) -> None:
         self.outcome = outcome
 
-    def done(self) -> bool:
-        return self.outcome is not None
 
-
-cdef class QueuedCall:
+cdef class QueuedCall(SendCall):
     """The event of a `send()` that found the connection busy, and what its caller waits
     on: settled by whoever reads its answer, which gives back the lock held since it was
     made. One C object where a `Waiting` and its `Reply` were two Python ones with
     their own lock (with 16 threads sharing a client, most calls come this way)."""
 
-    cdef readonly object _topic  # None: published through `_exchange`
-    cdef readonly object _exchange
-    cdef public bytes _payload
-    cdef readonly object outcome
     cdef CoreLock _unsettled
 
     def __init__(self, topic, exchange, bytes payload not None):
@@ -248,9 +249,6 @@ cdef class QueuedCall:
         """Set once, by the reader of its answer or by whoever fails it."""
         self.outcome = outcome
         self._unsettled.give()
-
-    def done(self) -> bool:
-        return self.outcome is not None
 
     def _wait_done(self, double timeout) -> bool:
         return self._unsettled.acquire(True, timeout)
