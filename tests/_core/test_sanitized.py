@@ -51,6 +51,7 @@ CORE_TESTS = (
     "tests/_core/test_listener.py",
     "tests/_core/test_core_lock.py",
     "tests/client/test_sync_in_person.py",
+    "tests/client/test_sync_answers.py",
 )
 
 # A line of any sanitizer report: ASan's "ERROR: AddressSanitizer: ..." and SUMMARY lines,

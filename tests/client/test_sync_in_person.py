@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,40 +26,11 @@ from eventspool.client.sync_connection import Connection
 from eventspool.wire.protocol import (
     EventResult,
     Frame,
-    FrameDecoder,
     Status,
     encode_error,
     encode_send_result,
 )
-
-
-def _listening(path: Path) -> socket.socket:
-    """A unix socket listening at `path` that the test accepts on, or never does."""
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(path))
-    listener.listen()
-    return listener
-
-
-def _scripted_agent(path: Path, answer: Callable[[Frame], list[bytes]]) -> threading.Thread:
-    """A peer on a real unix socket that answers each request with `answer`'s chunks,
-    written one by one 50 ms apart: what a real agent never does on its own (answers
-    cut across reads, wrong ids), for the lone call to meet."""
-    listener = _listening(path)
-
-    def serve() -> None:
-        with listener, listener.accept()[0] as peer:
-            decoder = FrameDecoder()
-            while data := peer.recv(65536):
-                for frame in decoder.feed(data):
-                    for chunk in answer(frame):
-                        time.sleep(0.05)
-                        peer.sendall(chunk)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return thread
-
+from tests.wire_support import listening, scripted_agent
 
 EVENT_ID = "0190a5c3-7e1f-7a00-8c2b-3d4e5f607182"
 
@@ -70,7 +40,7 @@ def test_a_lone_call_whose_answer_comes_in_pieces_gets_it_whole(tmp_path: Path) 
         answer = encode_send_result(frame.request_id, [EventResult(Status.OK, EVENT_ID)])
         return [answer[:7], answer[7:]]
 
-    _scripted_agent(tmp_path / "a.sock", halves)
+    scripted_agent(tmp_path / "a.sock", halves)
     with Client(tmp_path / "a.sock") as client:
         assert client.send("t", b"v") == EVENT_ID
         assert client.send("t", b"v") == EVENT_ID  # and the connection is still in step
@@ -80,7 +50,7 @@ def test_a_lone_call_refused_raises_its_own_error(tmp_path: Path) -> None:
     def full(frame: Frame) -> list[bytes]:
         return [encode_send_result(frame.request_id, [EventResult(Status.SPOOL_FULL, "full")])]
 
-    _scripted_agent(tmp_path / "a.sock", full)
+    scripted_agent(tmp_path / "a.sock", full)
     with Client(tmp_path / "a.sock") as client, pytest.raises(SpoolFullError, match="full"):
         client.send("t", b"v")
 
@@ -89,7 +59,7 @@ def test_a_lone_call_answered_by_a_connection_error_fails_in_words(tmp_path: Pat
     def refused(_frame: Frame) -> list[bytes]:
         return [encode_error(0, Status.MALFORMED, "out of step")]
 
-    _scripted_agent(tmp_path / "a.sock", refused)
+    scripted_agent(tmp_path / "a.sock", refused)
     with Client(tmp_path / "a.sock") as client, pytest.raises(AgentError, match="out of step"):
         client.send("t", b"v")
 
@@ -103,7 +73,7 @@ def test_a_lone_call_larger_than_the_socket_takes_is_written_whole(tmp_path: Pat
         seen.append(len(frame.body))
         return [encode_send_result(frame.request_id, [EventResult(Status.OK, EVENT_ID)])]
 
-    _scripted_agent(tmp_path / "a.sock", accept)
+    scripted_agent(tmp_path / "a.sock", accept)
     with Client(tmp_path / "a.sock") as client:
         assert client.send("t", b"x" * 4_000_000) == EVENT_ID
         assert client.send("t", b"v") == EVENT_ID
@@ -111,7 +81,7 @@ def test_a_lone_call_larger_than_the_socket_takes_is_written_whole(tmp_path: Pat
 
 
 def test_a_lone_call_without_an_answer_fails_within_its_timeout(tmp_path: Path) -> None:
-    _scripted_agent(tmp_path / "a.sock", lambda _frame: [])  # never answers
+    scripted_agent(tmp_path / "a.sock", lambda _frame: [])  # never answers
     started = time.monotonic()
     with (
         Client(tmp_path / "a.sock", timeout=0.3) as client,
@@ -123,7 +93,7 @@ def test_a_lone_call_without_an_answer_fails_within_its_timeout(tmp_path: Path) 
 
 def test_a_lone_call_whose_agent_hangs_up_fails_in_words(tmp_path: Path) -> None:
     """The agent reads the SEND and closes the connection: its outcome is unknown."""
-    listener = _listening(tmp_path / "a.sock")
+    listener = listening(tmp_path / "a.sock")
 
     def hang_up() -> None:
         with listener, listener.accept()[0] as peer:
@@ -138,7 +108,7 @@ def test_a_lone_call_whose_agent_hangs_up_fails_in_words(tmp_path: Path) -> None
 
 
 def test_closing_the_client_ends_a_lone_call_at_once(tmp_path: Path) -> None:
-    _scripted_agent(tmp_path / "a.sock", lambda _frame: [])  # never answers
+    scripted_agent(tmp_path / "a.sock", lambda _frame: [])  # never answers
     with Client(tmp_path / "a.sock", timeout=30.0) as client:
         threading.Timer(0.3, client.close).start()
         started = time.monotonic()
@@ -149,7 +119,7 @@ def test_closing_the_client_ends_a_lone_call_at_once(tmp_path: Path) -> None:
 
 def test_closing_the_client_ends_a_write_waiting_for_room_at_once(tmp_path: Path) -> None:
     """A peer that never reads: the writer waits for room in the socket; close() must wake it."""
-    listener = _listening(tmp_path / "a.sock")
+    listener = listening(tmp_path / "a.sock")
     with listener, Client(tmp_path / "a.sock", timeout=30.0) as client:
         threading.Timer(0.3, client.close).start()
         started = time.monotonic()
@@ -196,7 +166,7 @@ def test_connect_unix_gives_a_blocking_close_on_exec_socket_with_its_timeouts(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "agent.sock"
-    with _listening(path) as listener:
+    with listening(path) as listener:
         fd = connect_unix(str(path), 0.5)
         peer, _ = listener.accept()
         with peer, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fd) as sock:
@@ -240,7 +210,7 @@ def test_a_connections_socket_object_stays_blocking_under_a_default_timeout(
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(0.5)
     try:
-        with _listening(path) as listener:
+        with listening(path) as listener:
             connection = Connection(connect_unix(str(path), 1.0), 1 << 20)
             peer, _ = listener.accept()
             with peer:

@@ -11,6 +11,7 @@ cdef enum:
     FRAME_HEADER_SIZE = 9  # length, type, request id
     SEND_TYPE = 1
     PING_TYPE = 2
+    PUBLISH_TYPE = 4
     SEND_RESULT_TYPE = 0x81
     PONG_TYPE = 0x82
     STATUS_OK = 0
@@ -27,6 +28,8 @@ cdef enum:
 # the protocol's numbers that this compiled intake also reads and writes, defined here once.
 WIRE_MAX_EVENTS_PER_SEND = SEND_MAX_EVENTS
 WIRE_FRAME_HEADER_SIZE = FRAME_HEADER_SIZE
+WIRE_SEND = SEND_TYPE
+WIRE_PUBLISH = PUBLISH_TYPE
 WIRE_SEND_RESULT = SEND_RESULT_TYPE
 WIRE_STATUS_OK = STATUS_OK
 WIRE_FLAG_KEY = WIRE_KEY

@@ -38,6 +38,8 @@ EVENT_ID_SIZE: int
 EVENT_ID_HEADER: str
 WIRE_MAX_EVENTS_PER_SEND: int
 WIRE_FRAME_HEADER_SIZE: int
+WIRE_SEND: int
+WIRE_PUBLISH: int
 WIRE_SEND_RESULT: int
 WIRE_STATUS_OK: int
 WIRE_FLAG_KEY: int
@@ -333,6 +335,14 @@ class PipelineCore:
     # The requests of eventspool.client.sync_requests, which this layer does not import.
     def submit(self, items: list[Any], control: bool = False) -> None: ...
     def wait(self, reply: Any) -> None: ...
+    def _take(self, most: int) -> list[Any]: ...
+    def _frames(self, connection: ConnectionCore, batch: list[Any]) -> bytes: ...
+    def _frame_of(self, request_id: int, request: Any) -> bytes | None: ...
+    def _answer_all(self, connection: ConnectionCore, frames: list[Frame]) -> None: ...
+
+def settle_results(
+    request: list[Any], body: bytes, refusal_error: Callable[[tuple[int, str]], Any]
+) -> None: ...
 
 CHECKED_TOPICS: set[str]
 

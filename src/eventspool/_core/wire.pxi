@@ -190,6 +190,11 @@ def encode_batch_frame(uint8_t frame_type, uint32_t request_id, bytes raw_name n
 
     None when its length cannot be said in the frame's u32 (the caller words the error).
     """
+    return _batch_frame(frame_type, request_id, raw_name, payloads)
+
+
+cdef bytes _batch_frame(uint8_t frame_type, uint32_t request_id, bytes raw_name, list payloads):
+    """`encode_batch_frame`."""
     cdef Py_ssize_t name_size = PyBytes_GET_SIZE(raw_name), count = len(payloads), i
     cdef Py_ssize_t size = FRAME_HEADER_SIZE + 2 + name_size + 4, length
     cdef char *p

@@ -37,6 +37,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from typing import ClassVar
 
 from eventspool._core.native import (
     CALL_ANSWERED,
@@ -59,10 +60,10 @@ from eventspool.client.sync_requests import (
     EventFuture,
     Reply,
     Request,
-    encode_chunk,
     fail,
     refusal_error,
     settle,
+    unframed_error,
 )
 from eventspool.errors import AgentError, EventspoolError, InvalidEventError
 from eventspool.wire.batching import frame_slices
@@ -89,13 +90,18 @@ class Pipeline(PipelineCore):
     _pending: deque[Event | Control]
     _connection: Connection | None
 
+    # What PipelineCore's compiled batch path tells apart, and how it words a refusal.
+    _control_type: ClassVar[type] = Control
+    _future_type: ClassVar[type] = EventFuture
+    _refusal_error = staticmethod(refusal_error)
+
     def close(self) -> None:
         """Disconnect; calls still waiting fail with AgentError, later calls too."""
         connection, idle = self._mark_closed()
         if idle:
             connection.close()
             return
-        if self._pending and (pending := _take(self._pending, len(self._pending))):
+        if self._pending and (pending := self._take(len(self._pending))):
             fail(pending, AgentError(f"agent at {self.target}: the client was closed"))
         if connection is not None:
             self._drop(connection, "the client was closed")
@@ -145,7 +151,7 @@ class Pipeline(PipelineCore):
             return None
         payload = event._payload
         request_id = self._next_id()
-        frame = _encode(request_id, [event])
+        frame = self._frame_of(request_id, [event])
         if frame is None:
             return None
         with self._lock:
@@ -190,9 +196,8 @@ class Pipeline(PipelineCore):
         else:
             assert isinstance(value, bytes)
             try:
-                for frame in connection.decoder.feed(value):
-                    self._answer(connection, frame)
-            except ProtocolError as exc:
+                self._answer_all(connection, connection.decoder.feed(value))
+            except (ProtocolError, ValueError) as exc:
                 self._drop(connection, str(exc))
 
     def _flush(self) -> None:
@@ -210,7 +215,7 @@ class Pipeline(PipelineCore):
     def _write_pending(self) -> None:
         """Write what is queued, and what is queued meanwhile; the caller is the writer."""
         while True:
-            batch = _take(self._pending, self.max_batch)
+            batch = self._take(self.max_batch)
             if not batch:
                 return
             if self._closed:  # queued just before close(); a closed client connects no more
@@ -256,7 +261,7 @@ class Pipeline(PipelineCore):
             try:
                 if connection.closed or self._connection is not connection:
                     return  # queued events go out on the next connection, by a caller
-                batch = _take(self._pending, _READER_BATCHES * self.max_batch)
+                batch = self._take(_READER_BATCHES * self.max_batch)
                 frames = self._frames(connection, batch) if batch else b""
                 if frames and connection.tls is not None:
                     frames = connection.tls.seal(frames)
@@ -268,32 +273,26 @@ class Pipeline(PipelineCore):
             finally:
                 self._writer.release()
 
-    def _frames(self, connection: Connection, batch: list[Event | Control]) -> bytes:
-        """Encode a batch and note it in flight; only the writer calls this, so ids need
-        no lock."""
-        frames = []
-        requests: dict[int, Request] = {}
-        for request in self._requests(batch):
-            request_id = self._next_id()
-            frame = _encode(request_id, request)
-            if frame is not None:
-                requests[request_id] = request
-                frames.append(frame)
-        with self._lock:
-            # Dropped meanwhile (by the reader, or close()): nobody would settle these.
-            closed = connection.closed
-            if not closed:
-                connection.note_in_flight(requests)
-                if not connection.reading and any(type(item) is EventFuture for item in batch):
-                    self._wake_reader(connection)
-        if closed:
-            unsent = AgentError(
-                f"agent at {self.target}: the connection closed before the request was written"
-            )
-            for request in requests.values():
-                fail([request] if isinstance(request, Control) else request, unsent)
-            return b""
-        return b"".join(frames)
+    # ---- what the compiled batch path (`PipelineCore._frames`, `_answer_all`) asks of it --
+
+    def _cut(self, name: str, sizes: list[int]) -> list[slice]:
+        """The events of each frame of one target (`frame_slices`)."""
+        return frame_slices(name, sizes, self.max_frame_bytes)
+
+    def _encode_other(self, request_id: int, request: Request) -> bytes | None:
+        """The frame of a PING or STATS. For events whose frame the compiled encoder could
+        not make (a name or size no frame carries): None, once they failed with why."""
+        if isinstance(request, Control):
+            return encode_frame(request.type, request_id, b"")
+        fail(request, unframed_error(request))
+        return None
+
+    def _fail_unwritten(self, requests: list[Request]) -> None:
+        unsent = AgentError(
+            f"agent at {self.target}: the connection closed before the request was written"
+        )
+        for request in requests:
+            fail([request] if isinstance(request, Control) else request, unsent)
 
     def _connect_or_fail(self, batch: Sequence[Event | Control]) -> Connection | None:
         """The connection, or None once `batch` failed with the reason there is none."""
@@ -305,22 +304,6 @@ class Pipeline(PipelineCore):
         except EventspoolError as exc:  # refused: TLS, the token
             fail(batch, exc)
         return None
-
-    def _requests(self, batch: list[Event | Control]) -> list[Request]:
-        """One SEND per topic (PUBLISH per exchange), split to stay under the agent's maximum."""
-        requests: list[Request] = []
-        by_target: dict[tuple[str | None, str | None], list[Event]] = {}
-        for item in batch:
-            if isinstance(item, Control):
-                requests.append(item)
-            else:
-                by_target.setdefault((item._topic, item._exchange), []).append(item)
-        for (topic, exchange), group in by_target.items():
-            name = exchange if exchange is not None else topic
-            assert name is not None  # the checks of send() let no event without one by
-            sizes = [len(item._payload) for item in group]
-            requests.extend(group[cut] for cut in frame_slices(name, sizes, self.max_frame_bytes))
-        return requests
 
     def _connect(self) -> Connection:
         """The open connection, or a new one (with backoff while the agent is away)."""
@@ -431,9 +414,8 @@ class Pipeline(PipelineCore):
                 if connection.tls is not None:
                     data = connection.tls.open(data)
                 connection.reader_busy = True
-                for frame in connection.decoder.feed(data):
-                    self._answer(connection, frame)
-        except (OSError, ProtocolError) as exc:
+                self._answer_all(connection, connection.decoder.feed(data))
+        except (OSError, ProtocolError, ValueError) as exc:
             reason = str(exc) or type(exc).__name__
         connection.reader_busy = False
         connection.reader_ident = None
@@ -453,16 +435,13 @@ class Pipeline(PipelineCore):
         ready = poller.poll(left * 1000)
         return not ready or any(event & ~select.POLLOUT for _, event in ready)
 
-    def _answer(self, connection: Connection, frame: Frame) -> None:
-        with self._lock:
-            request = connection.take_answered(frame.request_id)
-        if request is None:
-            if frame.type is FrameType.ERROR:
-                refusal = decode_error(frame.body).text
-                raise ProtocolError(f"the agent refused the request: {refusal}")
-            return
-        connection.answered = True
-        settle(request, frame, f"agent at {self.target}")
+    def _settle_other(self, request: Request | None, frame: Frame) -> None:
+        """An answer the compiled `_answer_all` leaves: to a PING or STATS, an ERROR, or one
+        whose request is gone (an ERROR then is about the connection: it ends it)."""
+        if request is not None:
+            settle(request, frame, f"agent at {self.target}")
+        elif frame.type is FrameType.ERROR:
+            raise ProtocolError(f"the agent refused the request: {decode_error(frame.body).text}")
 
     def _drop(self, connection: Connection, reason: str) -> None:
         """Close `connection`; what was written on it has an unknown outcome."""
@@ -495,28 +474,3 @@ class Pipeline(PipelineCore):
         )
         for request in requests:
             fail([request] if isinstance(request, Control) else request, lost)
-
-
-def _encode(request_id: int, request: Request) -> bytes | None:
-    """The frame of `request`; None when its size fits no frame, and its events failed."""
-    try:
-        if isinstance(request, Control):
-            return encode_frame(request.type, request_id, b"")
-        return encode_chunk(request_id, request)
-    except ProtocolError as exc:  # only sizes no frame can carry get here
-        assert not isinstance(request, Control)
-        fail(request, InvalidEventError(str(exc)))
-        return None
-
-
-def _take(queue: deque[Event | Control], most: int) -> list[Event | Control]:
-    """Up to `most` requests from the front of the queue; callers may append meanwhile,
-    and close() may take them too."""
-    taken: list[Event | Control] = []
-    take = queue.popleft
-    try:
-        for _ in range(most):
-            taken.append(take())
-    except IndexError:  # emptied
-        pass
-    return taken

@@ -15,9 +15,9 @@ from concurrent.futures import InvalidStateError
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 
-from eventspool._core.native import InPerson, QueuedCall, decode_results
+from eventspool._core.native import InPerson, QueuedCall
 from eventspool.client.future import LazyFuture
-from eventspool.errors import AgentError, EventspoolError
+from eventspool.errors import AgentError, EventspoolError, InvalidEventError
 from eventspool.wire.checks import Outcome
 from eventspool.wire.protocol import (
     EventResult,
@@ -140,27 +140,27 @@ class Control:
 Request = list[Event] | Control
 
 
-def encode_chunk(request_id: int, chunk: list[Event]) -> bytes:
-    """A SEND frame for a chunk of one topic, a PUBLISH frame for one of an exchange.
-
-    The events give their bytes up to it: a written event is never written again (a
-    broken connection fails it), and a future its caller keeps should not keep them.
-    """
+def unframed_error(chunk: list[Event]) -> InvalidEventError:
+    """Why no frame carries `chunk`, one target's events, in the protocol's words. The
+    compiled encoder (`PipelineCore._frames`) makes every frame that can be made, and
+    leaves only these to the client's Python."""
     first = chunk[0]
     payloads = [event._payload for event in chunk]
-    if first._exchange is None:
-        assert first._topic is not None
-        frame = encode_send_payloads(request_id, first._topic, payloads)
-    else:
-        frame = encode_publish_payloads(request_id, first._exchange, payloads)
-    for event in chunk:
-        event._payload = b""
-    return frame
+    try:
+        if first._exchange is None:
+            assert first._topic is not None
+            encode_send_payloads(0, first._topic, payloads)
+        else:
+            encode_publish_payloads(0, first._exchange, payloads)
+    except ProtocolError as exc:
+        return InvalidEventError(str(exc))
+    raise AssertionError(f"the compiled encoder left {len(chunk)} events the protocol frames")
 
 
 def settle(request: Request, frame: Frame, where: str) -> None:
     """Hand `frame`, the answer to `request`, to its callers; ProtocolError when it cannot
-    answer that request. `where` names the agent in errors."""
+    answer that request. `where` names the agent in errors. A SEND_RESULT to events does
+    not come here: `settle_results` hands it out, compiled (`PipelineCore._answer_all`)."""
     if isinstance(request, Control):
         if frame.type is request.answer:
             request.body = frame.body
@@ -170,18 +170,6 @@ def settle(request: Request, frame: Frame, where: str) -> None:
             request.reply.set(0, AgentError(f"{where}: {text}"))
         else:
             raise ProtocolError(f"a {frame.type.name} frame answered {request.type.name}")
-        return
-    if frame.type is FrameType.SEND_RESULT:
-        try:
-            results = decode_results(frame.body)
-        except ValueError as exc:
-            raise ProtocolError(str(exc)) from None
-        if len(results) != len(request):
-            raise ProtocolError(
-                f"SEND_RESULT has {len(results)} results for a SEND of {len(request)} events"
-            )
-        for item, result in zip(request, results, strict=True):
-            item._settle(result if type(result) is str else refusal_error(result))
     elif frame.type is FrameType.ERROR:
         error = _outcome(decode_error(frame.body))
         for item in request:

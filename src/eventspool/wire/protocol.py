@@ -77,6 +77,8 @@ from eventspool._core.native import (
     WIRE_FLAG_VALUE,
     WIRE_FRAME_HEADER_SIZE,
     WIRE_MAX_EVENTS_PER_SEND,
+    WIRE_PUBLISH,
+    WIRE_SEND,
     WIRE_SEND_RESULT,
     WIRE_STATUS_OK,
     encode_batch_frame,
@@ -122,10 +124,10 @@ SEND_OVERHEAD = _MIN_LENGTH + _U16.size + _U32.size
 class FrameType(IntEnum):
     """The first byte after the length; responses have the high bit set."""
 
-    SEND = 1
+    SEND = WIRE_SEND
     PING = 2
     STATS = 3
-    PUBLISH = 4
+    PUBLISH = WIRE_PUBLISH
     AUTH = 5
     SEND_RESULT = WIRE_SEND_RESULT
     PONG = 0x82
