@@ -473,14 +473,17 @@ cdef class PipelineCore:
             self._last_request_id = 1
         return self._last_request_id
 
-    def call(self, topic, exchange, bytes payload not None):
-        """A blocking `send()`: made in person when nothing else is queued, in flight or
-        being read (`_in_person`); otherwise queued, and waited for, like any call."""
+    def call(self, topic, exchange, bytes payload not None) -> str:
+        """A blocking `send()`: the event_id, or raises the error that refused the event.
+        Made in person when nothing else is queued, in flight or being read
+        (`_in_person`); otherwise queued, and waited for, like any call."""
         cdef InPerson event
+        outcome = None
         if (
             topic is not None  # else an exchange's
             and not self._pending
             and not self._closed
+            and not self._busy()
             and self._writer.try_take()
         ):
             event = InPerson(topic, payload)
@@ -490,19 +493,34 @@ cdef class PipelineCore:
                 self._writer.give()
             if reading is not None:  # what others queued meanwhile, or a broken answer
                 self._read(reading, event, _monotonic_s() + self.timeout)
-                return event.outcome or self._no_answer()
-            if event.outcome is not None:
+                outcome = event.outcome or self._no_answer()
+            elif event.outcome is not None:
                 if self._pending:  # queued while this caller held the writer role
                     self._flush()
-                return event.outcome
-        return self._queued(topic, exchange, payload)
+                outcome = event.outcome
+        if outcome is None:
+            outcome = self._queued(topic, exchange, payload)
+        if type(outcome) is str:
+            return outcome
+        raise outcome
+
+    cdef inline bint _busy(self):
+        """Whether the connection has requests in flight, being read or left unsent: a
+        call then queues behind them, as a call alone (`_in_person`, `_write_alone`)
+        would find out only after making its frame. Read without the lock, as a hint:
+        those calls look again under it."""
+        found = self._connection
+        if found is None:
+            return False
+        connection = <ConnectionCore>found
+        return not connection.closed and not connection.idle()
 
     cdef object _queued(self, topic, exchange, bytes payload):
         """A `send()` not made in person: written alone when the writer role is free and
-        nothing is queued (`_write_alone`, which gives the role back), else queued; then
-        waited for, like any call."""
+        nothing is queued or in flight (`_write_alone`, which gives the role back), else
+        queued; then waited for, like any call."""
         cdef QueuedCall event = QueuedCall(topic, exchange, payload)
-        if self._pending or self._closed or not self._writer.try_take():
+        if self._pending or self._closed or self._busy() or not self._writer.try_take():
             self.submit([event])
         else:
             self._write_alone(event)
@@ -536,6 +554,18 @@ cdef class PipelineCore:
                 if (first._topic, first._exchange) in connection.targets:
                     return
         self._flush()
+
+    cpdef _flush(self):
+        """Write what is queued, unless another thread is writing (it takes it along):
+        the pipeline's `_write_pending`, as the writer. Compiled, as most calls of 16
+        threads sharing a client come here to find the writer role taken."""
+        # Whoever holds the writer role looks at the queue again after letting go of it,
+        # so a request queued while it was letting go is never left behind.
+        while self._pending and self._writer.try_take():
+            try:
+                self._write_pending()
+            finally:
+                self._writer.give()
 
     def wait(self, reply) -> None:
         """Wait until `reply` (a call's, or a future) is done, reading the answers while

@@ -131,10 +131,7 @@ class Client:
         payload = common_event_payload(topic, value, key, headers, event_id)
         if payload is None or exchange is not None:  # any other event is checked in Python
             payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
-        outcome = self._pipeline.call(topic, exchange, payload)
-        if type(outcome) is str:
-            return outcome
-        raise outcome
+        return self._pipeline.call(topic, exchange, payload)
 
     def send_async(
         self,

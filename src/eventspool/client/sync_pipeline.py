@@ -200,16 +200,6 @@ class Pipeline(PipelineCore):
             except (ProtocolError, ValueError) as exc:
                 self._drop(connection, str(exc))
 
-    def _flush(self) -> None:
-        """Write what is queued, unless another thread is writing (it takes it along)."""
-        # Whoever holds the writer role looks at the queue again after letting go of it,
-        # so a request queued while it was letting go is never left behind.
-        while self._pending and self._writer.acquire(blocking=False):
-            try:
-                self._write_pending()
-            finally:
-                self._writer.release()
-
     # ---- the writing caller ---------------------------------------------------------------
 
     def _write_pending(self) -> None:
