@@ -9,7 +9,9 @@ keeps the server's and the clients' CPU per event.
 
 - ours: one `Client` shared by 16 threads, each a `send()` loop, from their release to
   the last one's end; `send_async()` the same until every future resolved. Their floor,
-  the hand-off ceiling: one CPython thread waking 16 others in turn, no I/O.
+  the hand-off ceiling: one CPython thread waking 16 others in turn, no I/O. Beside it,
+  the bare client (harness/bare_client.py): the same 16 threads' send() at its least
+  against the same agent, which splits the lane's gap into the agent's and the client's.
 - the anchor: `Spool.send()` in this process, one thread, queues of at most 32 MiB, no sender.
 - caller processes (this script as its own child), connected beforehand to the agent
   and to a minimal epoll echo server in C (bench/harness/echo_server.c), run each pass
@@ -72,6 +74,7 @@ from eventspool.testing.agent import AgentProcess
 from eventspool.testing.tls import Pki
 from harness import instructions
 from harness.agent import configured_agent, start_agent
+from harness.bare_client import BareClient
 from harness.child import Child, child_arguments
 from harness.cli import BenchArgs, bench_main
 from harness.cpu import process_cpu_s
@@ -478,6 +481,8 @@ def run(args: BenchArgs) -> dict[str, object]:
             stack.enter_context(Client(path))
             for path in (agent.socket_path, agent.socket_path, ruled.socket_path)
         )
+        bare = BareClient(agent.socket_path)
+        stack.callback(bare.close)
         plaintext = stack.enter_context(Client(f"tcp://{TCP_HOST}:{plain_port}"))
         context = pki.client_context()
         encrypted = stack.enter_context(Client(f"tcp://{TCP_HOST}:{tls_port}", ssl_context=context))
@@ -491,6 +496,7 @@ def run(args: BenchArgs) -> dict[str, object]:
         groups: list[list[Lane]] = [
             [
                 ("one_client", agent, partial(timed_rate, batching.send, threads)),
+                ("bare_client", agent, partial(timed_rate, bare.send, threads)),
                 ("access_rules", ruled, partial(timed_rate, checked.send, threads)),
             ],
             [
@@ -633,6 +639,14 @@ def build_result(
                 anchor_is=f"the ceiling of a blocking send(): {ceiling}",
             ),
             rate(
+                "uds_rate_one_client_vs_bare_client",
+                *pair("one_client_rate", "bare_client_rate"),
+                title=shared,
+                anchor_is=f"the least a send() shared by {threads} does against the same agent: "
+                "callers queue their encoded events, one thread writes them as one SEND and "
+                "wakes them on its answer (harness/bare_client.py)",
+            ),
+            rate(
                 "uds_rate_with_access_rules",
                 *pair("access_rules_rate", "one_client_rate"),
                 title=f"Client.send() through the agent, {threads}, with {ACCESS_RULES} "
@@ -670,6 +684,11 @@ def build_result(
             ),
         ],
         **against_floors,
+        # The one-client lane's gap split: the bare client against the ceiling is the
+        # agent's part, ours against the bare client the client's.
+        "bare_client_16_threads_over_ceiling": safe_ratio(
+            *pair("bare_client_rate", "handoff_ceiling")
+        ),
         # The agent's CPU floor per blocking event, and its parts.
         "agent_cpu_floor_us_per_event": agent_cpu_floor,
         "echo_server_cpu_us_per_event": round(echo_cpu, 2),
