@@ -152,6 +152,15 @@ QUOTED: list[tuple[str, str, list[str]]] = [
         ["uds_rate_send_async_one_client.anchor:,d", "uds_rate_send_async_one_client.ours:,d"],
     ),
     (
+        "wait while one thread writes each batch reach {} events/s: the client stands at {} "
+        "of that",
+        "uds",
+        [
+            "uds_rate_one_client_vs_bare_client.anchor:,d",
+            "uds_rate_one_client_vs_bare_client.ratio:.2f",
+        ],
+    ),
+    (
         "The agent spends {} us of CPU per blocking event, where the echo server's {} per "
         "round trip and a bare producer's {} per event make a floor of {}",
         "uds",
