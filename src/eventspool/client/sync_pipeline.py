@@ -278,6 +278,7 @@ class Pipeline(PipelineCore):
         return None
 
     def _fail_unwritten(self, requests: list[Request]) -> None:
+        """Fail requests framed for a connection dropped before they were written."""
         unsent = AgentError(
             f"agent at {self.target}: the connection closed before the request was written"
         )
