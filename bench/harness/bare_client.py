@@ -16,11 +16,10 @@ import threading
 from pathlib import Path
 
 from eventspool._core.native import decode_results, encode_wire_event
+from eventspool.client.sync_connection import READ_SIZE
 from eventspool.errors import AgentError
 from eventspool.wire.protocol import Frame, FrameDecoder, encode_send_payloads
 from harness.echo import connected
-
-READ_SIZE = 64 * 1024
 
 
 class _Call:
