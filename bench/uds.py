@@ -12,6 +12,11 @@ keeps the server's and the clients' CPU per event.
   the hand-off ceiling: one CPython thread waking 16 others in turn, no I/O. Beside it,
   the bare client (harness/bare_client.py): the same 16 threads' send() at its least
   against the same agent, which splits the lane's gap into the agent's and the client's.
+  And this machine's floor for the lane: the same 16 threads handing off to one that makes
+  each batch of them one round trip to the C echo server (a SEND's bytes), while a bare
+  producer in a child process ships to the broker as many events/s as ours reached, on
+  the sender's settings. A shipping agent cannot do less work than that on the same cores;
+  the load is given ours' rate, not the floor's own, so the floor errs high.
 - the anchor: `Spool.send()` in this process, one thread, queues of at most 32 MiB, no sender.
 - caller processes (this script as its own child), connected beforehand to the agent
   and to a minimal epoll echo server in C (bench/harness/echo_server.c), run each pass
@@ -54,14 +59,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
+from typing import TypeAlias
 
 from confluent_kafka import Producer
 
-from eventspool._core.native import AckTracker, Deliveries
+from eventspool._core.native import AckTracker, Deliveries, encode_wire_event
 from eventspool.broker import create_topic
 from eventspool.broker.local import find_free_port
 from eventspool.client.sync import Client
@@ -72,6 +78,7 @@ from eventspool.sender.producer import KafkaHeaders
 from eventspool.sender.queuestate import KafkaRecord
 from eventspool.testing.agent import AgentProcess
 from eventspool.testing.tls import Pki
+from eventspool.wire.protocol import encode_send_payloads
 from harness import instructions
 from harness.agent import configured_agent, start_agent
 from harness.bare_client import BareClient
@@ -101,9 +108,17 @@ ACCESS_RULES = 10
 ALLOWED_PATTERNS = 1000
 # Events per batch of the bare producer, each batch followed by a poll(0).
 SENDER_BATCH = 100
+# The shipping load's topic.
+LOAD_TOPIC = "bench-uds-shipping"
 TCP_HOST = "127.0.0.1"
 # The same 100 bytes in every process, so every pass sends the same events.
 VALUE = random.Random(20240601).randbytes(PAYLOAD_BYTES)
+
+
+# The one-client lane and its floors, in the progress line of each repetition.
+LANE_FLOORS = ("one_client_rate", "handoff_ceiling", "shipping_floor_rate")
+# What callers of a hand-off lane queue for the serving thread: a lock each, None when done.
+HandOffs: TypeAlias = "queue.SimpleQueue[threading.Lock | None]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,10 +229,11 @@ def anchor_pass(spool: Spool, seconds: float) -> RatePass:
     return result
 
 
-def handoff_ceiling(threads: int, seconds: float) -> float:
-    """Hand-offs/s of one thread releasing `threads` others in turn, each on its own lock:
-    the most a blocking `send()` shared by that many threads can reach in one process."""
-    ready: queue.SimpleQueue[threading.Lock | None] = queue.SimpleQueue()
+def hand_offs(threads: int, seconds: float, serve: Callable[[HandOffs], None]) -> float:
+    """Hand-offs/s of `threads` callers, each queueing its own lock on `ready` and waiting
+    on it, served by one thread, `serve(ready)`: it takes locks off the queue and
+    releases them, until it took a None from each caller (one is done)."""
+    ready: HandOffs = queue.SimpleQueue()
     stop = threading.Event()
 
     def caller() -> int:
@@ -230,46 +246,145 @@ def handoff_ceiling(threads: int, seconds: float) -> float:
         ready.put(None)  # this caller is done
         return woken
 
-    def waker() -> int:
-        for _ in range(threads):
-            while (lock := ready.get()) is not None:
-                lock.release()
+    def server() -> int:
+        serve(ready)
         return 0
 
-    ran = run_together([*[caller] * threads, waker], stop=stop, stop_after_s=seconds)
+    ran = run_together([*[caller] * threads, server], stop=stop, stop_after_s=seconds)
     return sum(ran.results) / ran.seconds
 
 
+def handoff_ceiling(threads: int, seconds: float) -> float:
+    """One thread releasing `threads` others in turn, each on its own lock: the most a
+    blocking `send()` shared by that many threads can reach in one process."""
+
+    def wake(ready: HandOffs) -> None:
+        for _ in range(threads):
+            while (lock := ready.get()) is not None:
+                lock.release()
+
+    return hand_offs(threads, seconds, wake)
+
+
+def handoff_echo_rate(threads: int, seconds: float, echo_path: Path) -> float:
+    """The ceiling with the socket's part of a shared client: the serving thread takes
+    every caller waiting, writes their events as one SEND would carry them to the C echo
+    server in one write, reads them back, then wakes them. The most a blocking `send()`
+    shared by `threads` can reach through a server that does nothing with its frames."""
+    event = encode_wire_event(VALUE, None, None, None)
+
+    def echo_batches(ready: HandOffs) -> None:
+        done = 0
+        with connected(echo_path) as sock:
+            while done < threads:
+                batch: list[threading.Lock] = []
+                waiting: threading.Lock | None = ready.get()
+                while True:
+                    if waiting is None:
+                        done += 1
+                    else:
+                        batch.append(waiting)
+                    try:
+                        waiting = ready.get_nowait()
+                    except queue.Empty:
+                        break
+                if batch:
+                    round_trip(sock, encode_send_payloads(0, TOPIC, [event] * len(batch)))
+                    for lock in batch:
+                        lock.release()
+
+    return hand_offs(threads, seconds, echo_batches)
+
+
+class BareProducer:
+    """A producer on the sender's settings, shipping the agent's events (100 bytes each
+    with their event_id header) to `topic` as the sender hands them over: its compiled
+    loop (`Deliveries`, one per partition, as one per queue), `SENDER_BATCH` at a time,
+    the partitions in turn, a poll(0) after each batch."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.producer = Producer(sender_producer_config(bootstrap))
+        self.producer.produce(topic, b"connected", partition=0)  # the connections are not timed
+        self.producer.flush(30)
+        self.topic = topic
+        self.failures: list[object] = []
+        self.partitions = [
+            Deliveries(AckTracker(0), lambda _seq, error, _message: self.failures.append(error))
+            for _ in range(PARTITIONS)
+        ]
+        self.headers: KafkaHeaders = [("event_id", str(uuid.UUID(int=0)).encode())]
+        self.shipped = 0
+
+    def records(self, first: int) -> list[KafkaRecord]:
+        """The batch of `SENDER_BATCH` events from number `first` on, as queues read them."""
+        return [(seq, None, VALUE, 0, self.headers) for seq in range(first, first + SENDER_BATCH)]
+
+    def ship(self, batch: list[KafkaRecord]) -> None:
+        """Hand `batch` (the next `records`) to the next partition."""
+        partition = (self.shipped // SENDER_BATCH) % PARTITIONS
+        self.partitions[partition].produce_batch(
+            self.producer.produce, self.topic, partition, batch, 0
+        )
+        self.producer.poll(0)
+        self.shipped += len(batch)
+
+    def finish(self, timeout_s: float) -> None:
+        """Wait until the broker acknowledged every event; raise if one failed."""
+        if self.producer.flush(timeout_s):
+            raise RuntimeError(f"bare producer: events left unacknowledged after {timeout_s} s")
+        delivered = sum(deliveries.delivered for deliveries in self.partitions)
+        if self.failures or delivered != self.shipped:
+            raise RuntimeError(
+                f"bare producer: {delivered} of {self.shipped} delivered, {self.failures[:3]}"
+            )
+
+
 def producer_cpu_us_per_event(bootstrap: str, events: int) -> float:
-    """CPU per event of a bare producer on the sender's settings, all of this process's
-    threads (librdkafka's included): the agent's events, 100 bytes each with their
-    event_id header, handed over by the sender's compiled loop (`Deliveries`, one per
-    partition, as one per queue) in batches of `SENDER_BATCH`, their delivery reports
-    served, until the broker acknowledged them all. What the agent's sender cannot go
+    """CPU per event of a `BareProducer`, all of this process's threads (librdkafka's
+    included), until the broker acknowledged them all. What the agent's sender cannot go
     below, whatever it does around the producer."""
-    producer = Producer(sender_producer_config(bootstrap))
-    producer.produce(TOPIC, b"connected", partition=0)  # the connections are not timed
-    producer.flush(30)
-    failures: list[object] = []
-    partitions = [
-        Deliveries(AckTracker(0), lambda _seq, error, _message: failures.append(error))
-        for _ in range(PARTITIONS)
-    ]
-    headers: KafkaHeaders = [("event_id", str(uuid.UUID(int=0)).encode())]
-    records: list[KafkaRecord] = [(seq, None, VALUE, 0, headers) for seq in range(events)]
-    batches = [records[i : i + SENDER_BATCH] for i in range(0, events, SENDER_BATCH)]
+    bare = BareProducer(bootstrap, TOPIC)
+    batches = [bare.records(first) for first in range(0, events, SENDER_BATCH)]
     cpu = time.process_time()
-    for n, batch in enumerate(batches):
-        partition = n % PARTITIONS
-        partitions[partition].produce_batch(producer.produce, TOPIC, partition, batch, 0)
-        producer.poll(0)
-    if producer.flush(60):
-        raise RuntimeError("bare producer: events left unacknowledged after 60 s")
-    spent = time.process_time() - cpu
-    delivered = sum(deliveries.delivered for deliveries in partitions)
-    if failures or delivered != events:
-        raise RuntimeError(f"bare producer: {delivered} of {events} delivered, {failures[:3]}")
-    return spent * 1e6 / events
+    for batch in batches:
+        bare.ship(batch)
+    bare.finish(60)
+    return (time.process_time() - cpu) * 1e6 / bare.shipped
+
+
+def ship_at(bare: BareProducer, rate: float, stop: threading.Event) -> tuple[int, float]:
+    """Ship `rate` events/s with `bare`, a batch whenever one is due, until `stop`; then
+    wait for the broker's acknowledgements. The events shipped and the seconds it took."""
+    start, shipped_before = time.monotonic(), bare.shipped
+    while not stop.is_set():
+        due = start + (bare.shipped - shipped_before + SENDER_BATCH) / rate
+        while (left := due - time.monotonic()) > 0 and not stop.is_set():
+            bare.producer.poll(left)
+        bare.ship(bare.records(bare.shipped))
+    seconds = time.monotonic() - start
+    bare.finish(60)
+    return bare.shipped - shipped_before, seconds
+
+
+def shipping_main(bootstrap: str) -> int:
+    """The shipping load, a child process: "ready" once connected, then per "ship RATE"
+    line a `BareProducer` ships RATE events/s to LOAD_TOPIC until a "pause" line, answered
+    with how many events it shipped in how many seconds, as JSON. Any other line ends it."""
+    bare = BareProducer(bootstrap, LOAD_TOPIC)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        match line.split():
+            case ["ship", rate]:
+                with ThreadPoolExecutor(1, "bench-shipping") as shipper:
+                    stop = threading.Event()
+                    shipping = shipper.submit(ship_at, bare, float(rate), stop)
+                    sys.stdin.readline()  # "pause"
+                    stop.set()
+                    shipped, seconds = shipping.result()
+                print(json.dumps({"shipped": shipped, "seconds": seconds}), flush=True)
+            case _:
+                break
+    return 0
 
 
 def round_trips_us(exchange: Callable[[], object], profile: Profile) -> dict[str, float]:
@@ -451,6 +566,7 @@ def run(args: BenchArgs) -> dict[str, object]:
         pki = Pki(scratch / "pki")
         bootstrap = session.broker().bootstrap_servers
         create_topic(bootstrap, TOPIC, PARTITIONS)
+        create_topic(bootstrap, LOAD_TOPIC, PARTITIONS)
         echo = stack.enter_context(contextlib.closing(EchoServer(scratch / "echo")))
 
         def started(name: str, toml: str) -> AgentProcess:
@@ -470,13 +586,19 @@ def run(args: BenchArgs) -> dict[str, object]:
             Child.of_script(f"client {n}", __file__, argv, scratch / f"client-{n}.err", piped=True)
             for n in range(CALLER_PROCESSES)
         ]
-        for child in children:
+        load = Child.of_script(
+            "shipping load", __file__, ["ship", bootstrap], scratch / "shipping.err", piped=True
+        )
+        for child in [*children, load]:
             stack.callback(child.terminate)
             child.start()
-        for child in children:
+        for child in [*children, load]:
             if child.read_line().strip() != "ready":
                 raise RuntimeError(f"{child.name} did not connect: {child.stderr_tail()}")
-        progress(f"broker, agents, echo, anchor spool and {CALLER_PROCESSES} callers ready")
+        progress(
+            f"broker, agents, echo, anchor spool, shipping load and {CALLER_PROCESSES} callers "
+            "ready"
+        )
         batching, single, checked = (
             stack.enter_context(Client(path))
             for path in (agent.socket_path, agent.socket_path, ruled.socket_path)
@@ -519,6 +641,15 @@ def run(args: BenchArgs) -> dict[str, object]:
             ],
         ]
 
+        def shipping_floor(rate: float) -> float:
+            """`handoff_echo_rate` while the shipping load ships `rate` events/s."""
+            load.tell(f"ship {rate:.0f}")
+            floor = handoff_echo_rate(CLIENT_THREADS, profile.pass_seconds, echo.socket_path)
+            load.tell("pause")
+            shipped = json.loads(load.read_line())
+            runs.add("shipping_load_rate", shipped["shipped"] / shipped["seconds"])
+            return floor
+
         def settle(side: AgentProcess | EchoServer) -> None:
             if isinstance(side, AgentProcess):  # an echo server keeps nothing
                 side.wait_until_drained(profile.drain_timeout_s)
@@ -538,6 +669,7 @@ def run(args: BenchArgs) -> dict[str, object]:
                         add_pass(runs, name, sent, process_cpu_s(side.pid) - cpu)
                         settle(side)
                 runs.add("handoff_ceiling", handoff_ceiling(CLIENT_THREADS, profile.pass_seconds))
+                runs.add("shipping_floor_rate", shipping_floor(runs.values["one_client_rate"][-1]))
                 producer_us = producer_cpu_us_per_event(bootstrap, profile.producer_events)
                 runs.add("producer_cpu_us_per_event", producer_us)
                 runs.add("echo_rtt_p50_us", python_echo_rtt_us(profile))
@@ -553,9 +685,11 @@ def run(args: BenchArgs) -> dict[str, object]:
                 settle(agent)
                 add_pass(runs, "anchor", anchor_pass(anchor, profile.pass_seconds), None)
                 summary = f"p50 {rtt['p50_us']:.0f} us p99 {rtt['p99_us']:.0f} us"
+                lanes = {name: runs.values[name][-1] for name in LANE_FLOORS}
                 progress(
                     f"rep {rep + 1}: round trip {summary}, C echo {floor['p50_us']:.1f} us, "
-                    f"bare producer {producer_us:.2f} us of CPU per event"
+                    f"bare producer {producer_us:.2f} us of CPU per event; 16 threads: "
+                    + ", ".join(f"{name} {value:,.0f}/s" for name, value in lanes.items())
                 )
         except BaseException:
             progress(f"agent log:\n{agent.log_tail()}")
@@ -647,6 +781,15 @@ def build_result(
                 "wakes them on its answer (harness/bare_client.py)",
             ),
             rate(
+                "uds_rate_one_client_vs_shipping_floor",
+                *pair("one_client_rate", "shipping_floor_rate"),
+                title=shared,
+                anchor_is=f"this machine's floor for it: {threads} handing off to one that "
+                "makes each batch of them one round trip to the C echo server, while a bare "
+                "producer ships as many events/s as ours reached to the broker, on the same "
+                "cores",
+            ),
+            rate(
                 "uds_rate_with_access_rules",
                 *pair("access_rules_rate", "one_client_rate"),
                 title=f"Client.send() through the agent, {threads}, with {ACCESS_RULES} "
@@ -689,6 +832,10 @@ def build_result(
         "bare_client_16_threads_over_ceiling": safe_ratio(
             *pair("bare_client_rate", "handoff_ceiling")
         ),
+        # This machine's floor for the lane against the ceiling (the socket's round trips
+        # and the shipping to Kafka on the same cores), and the rate its load kept up.
+        "shipping_floor_over_ceiling": safe_ratio(*pair("shipping_floor_rate", "handoff_ceiling")),
+        "shipping_load_rate": round(m["shipping_load_rate"]),
         # The agent's CPU floor per blocking event, and its parts.
         "agent_cpu_floor_us_per_event": agent_cpu_floor,
         "echo_server_cpu_us_per_event": round(echo_cpu, 2),
@@ -717,8 +864,11 @@ def build_result(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if (arguments := child_arguments(argv)) is not None:
-        return child_main(*arguments)
+    match child_arguments(argv):
+        case ["ship", bootstrap]:
+            return shipping_main(bootstrap)
+        case [*arguments]:
+            return child_main(*arguments)
     return bench_main(
         "Events/s and round trip through the agent's unix socket vs Spool.send()", run, argv
     )

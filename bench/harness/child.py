@@ -65,6 +65,13 @@ class Child:
     def alive(self) -> bool:
         return self._running().poll() is None
 
+    def tell(self, line: str) -> None:
+        """Write `line` to a piped child's stdin, at once."""
+        stdin: IO[str] | None = self._running().stdin
+        assert stdin is not None, "only a piped child reads its stdin"
+        stdin.write(f"{line}\n")
+        stdin.flush()
+
     def read_line(self) -> str:
         """The next line the child printed ("" once it closed its stdout)."""
         stdout: IO[str] | None = self._running().stdout

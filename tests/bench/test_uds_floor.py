@@ -1,0 +1,53 @@
+"""The uds bench's floor for one client shared by 16 threads: its hand-offs through the C
+echo server, and the shipping load that runs beside them, against the real broker."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+import uds
+from eventspool.broker import LocalBroker, create_topic
+from eventspool.endoffsets import true_end_offsets
+from harness.child import Child
+from harness.echo import EchoServer, have_compiler
+
+
+@pytest.mark.skipif(not have_compiler(), reason="no C compiler (cc)")
+def test_handoffs_through_the_echo_wake_every_caller(tmp_path: Path) -> None:
+    with closing(EchoServer(tmp_path)) as server:
+        rate = uds.handoff_echo_rate(4, 0.3, server.socket_path)
+    assert rate > 100  # every caller woken after its batch came back, over and over
+
+
+def test_the_shipping_load_ships_at_its_rate_until_paused(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    create_topic(broker.bootstrap_servers, uds.LOAD_TOPIC, uds.PARTITIONS)
+    load = Child.of_script(
+        "shipping load",
+        uds.__file__,
+        ["ship", broker.bootstrap_servers],
+        tmp_path / "load.err",
+        piped=True,
+    )
+    try:
+        assert load.start().read_line().strip() == "ready", load.stderr_tail()
+        load.tell("ship 2000")
+        time.sleep(1.0)
+        load.tell("pause")
+        shipped = json.loads(load.read_line())
+        load.stop(10)
+    finally:
+        load.terminate()
+    assert 1000 <= shipped["shipped"] <= 3000, shipped
+    assert shipped["shipped"] / shipped["seconds"] == pytest.approx(2000, rel=0.3)
+    ends = true_end_offsets(
+        {"bootstrap.servers": broker.bootstrap_servers},
+        [(uds.LOAD_TOPIC, partition) for partition in range(uds.PARTITIONS)],
+    )
+    assert sum(ends.values()) == shipped["shipped"] + 1  # and the one that connected it
