@@ -9,6 +9,7 @@ The sanitizer test runs this file against the instrumented build.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from pathlib import Path
@@ -124,3 +125,36 @@ def test_events_queued_behind_frames_in_flight_go_in_one_frame_per_topic_in_orde
         for topic in sorted(set(topics))
     }
     assert sorted(sends[2:]) == sorted(expected.items())
+
+
+def test_a_request_put_back_after_close_dropped_the_connection_still_fails(
+    tmp_path: Path,
+) -> None:
+    """The race of a wrongly answered frame with `close()`, replayed step by step in the
+    order the two threads can take: the reader takes the answered request out of flight;
+    `close()` drops the connection, failing what is still in flight; the reader cannot
+    hand the answer out and puts the request back, then drops the connection too. That
+    drop must fail it: no later one comes, and its caller would wait out its timeout."""
+    scripted_agent(tmp_path / "a.sock", lambda _frame: [])  # it never answers
+    client = Client(tmp_path / "a.sock", timeout=30.0)
+    try:
+        future = client.send_async("t", b"v")
+        pipeline = client._pipeline
+        connection = pipeline._connection
+        assert connection is not None
+        deadline = time.monotonic() + 10
+        while not connection.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pipeline._lock:
+            ((request_id, _request),) = connection.in_flight.items()
+            taken = connection.take_answered(request_id)
+        pipeline._drop(connection, "the client was closed")
+        assert not future.done(), "the taken request was not in flight: nothing failed it"
+        with pipeline._lock:
+            connection.note_in_flight({request_id: taken})
+        pipeline._drop(connection, "1 results for a SEND of 2 events")
+        error = future.exception(5)
+    finally:
+        client.close()
+    assert isinstance(error, AgentError)
+    assert "outcome is unknown" in str(error)

@@ -435,28 +435,38 @@ class Pipeline(PipelineCore):
             raise ProtocolError(f"the agent refused the request: {decode_error(frame.body).text}")
 
     def _drop(self, connection: Connection, reason: str) -> None:
-        """Close `connection`; what was written on it has an unknown outcome."""
+        """Close `connection`; what was written on it has an unknown outcome.
+
+        Dropped already, it still fails what is in flight: a request whose answer the
+        reader took could not be handed out, and was put back after `close()` dropped
+        the connection. No later drop would fail it.
+        """
         with self._lock:
-            if connection.closed:
-                return
-            connection.closed = True
-            if connection.reader_wanted is not None:
-                connection.reader_wanted.notify_all()
-            if self._connection is connection:
-                self._connection = None
             requests = connection.take_in_flight()
-            if connection.answered:
-                self._backoff = 0.0
-            else:
-                self._backoff = next_backoff(self._backoff, self.reconnect_backoff_s)
+            dropped_before = connection.closed
+            connection.closed = True
+            if not dropped_before:
+                if connection.reader_wanted is not None:
+                    connection.reader_wanted.notify_all()
+                if self._connection is connection:
+                    self._connection = None
+                if connection.answered:
+                    self._backoff = 0.0
+                else:
+                    self._backoff = next_backoff(self._backoff, self.reconnect_backoff_s)
             # Shutting it down wakes a thread waiting in a read or a write of it, which
             # closing does not. Nobody starts one now that it is closed, so when nobody
             # reads or writes (a short-lived client's close) the call is saved.
             in_use = connection.reading or self._writer.locked()
-        if in_use:
-            with contextlib.suppress(OSError):  # already broken: closing is all that is left
-                connection.sock.shutdown(socket.SHUT_RDWR)
-        connection.close()
+        if not dropped_before:
+            if in_use:
+                with contextlib.suppress(OSError):  # already broken: closing is all that is left
+                    connection.sock.shutdown(socket.SHUT_RDWR)
+            connection.close()
+        self._fail_lost(requests, reason)
+
+    def _fail_lost(self, requests: list[Request], reason: str) -> None:
+        """Fail `requests`, written on a connection that broke: their outcome is unknown."""
         if not requests:
             return
         lost = AgentError(
