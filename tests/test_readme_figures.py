@@ -161,6 +161,19 @@ QUOTED: list[tuple[str, str, list[str]]] = [
         ],
     ),
     (
+        "This machine's floor for the lane is {} events/s, {} of the hand-off rate",
+        "uds",
+        [
+            "uds_rate_one_client_vs_shipping_floor.anchor:,d",
+            "shipping_floor_over_ceiling:.2f",
+        ],
+    ),
+    (
+        "on the same two cores. The client stands at {} of it.",
+        "uds",
+        ["uds_rate_one_client_vs_shipping_floor.ratio:.2f"],
+    ),
+    (
         "The agent spends {} us of CPU per blocking event, where the echo server's {} per "
         "round trip and a bare producer's {} per event make a floor of {}",
         "uds",
