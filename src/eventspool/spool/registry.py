@@ -23,7 +23,7 @@ import itertools
 import json
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -79,7 +79,7 @@ class TopicQueues:
         self._registry = registry
         self.lock = threading.RLock()
         self.partitions: dict[int, SegmentedQueue] = {}
-        self.pending: SegmentedQueue | None = None
+        self._pending: SegmentedQueue | None = None
         self.route = TopicRoute(
             name,
             partition_count,
@@ -87,6 +87,16 @@ class TopicQueues:
             registry.ids,
             registry.settings.max_event_bytes,
         )
+
+    @property
+    def pending(self) -> SegmentedQueue | None:
+        """The queue of events waiting for the topic's partition count, if any."""
+        return self._pending
+
+    @pending.setter
+    def pending(self, ring: SegmentedQueue | None) -> None:
+        self._pending = ring
+        self._registry.queues_changed()
 
     @property
     def partition_count(self) -> int | None:
@@ -128,6 +138,7 @@ class TopicQueues:
                     )
                     self.partitions[partition] = ring
                     self.route.set_ring(partition, ring.write_core)
+                    self._registry.queues_changed()
         return ring
 
     def pending_ring(self) -> SegmentedQueue:
@@ -190,6 +201,10 @@ class QueueRegistry:
         self.ids = ids
         self._lock = threading.Lock()
         self._topics: dict[str, TopicQueues] = {}
+        # `refs()` as last listed, with the count of queue changes it saw.
+        self._changes = 0
+        self._changes_lock = threading.Lock()
+        self._listed: tuple[int, tuple[QueueRef, ...]] = (-1, ())
         self._counts: dict[str, int] = load_partition_counts(directory)
         # One thread makes the spare segments of queues with a backlog (segments.py).
         self._spares = ThreadPoolExecutor(1, thread_name_prefix="eventspool-segments")
@@ -285,9 +300,20 @@ class QueueRegistry:
         with self._lock:
             return list(self._topics.values())
 
-    def refs(self) -> Iterator[QueueRef]:
-        for topic in self.topics():
-            yield from topic.refs()
+    def refs(self) -> tuple[QueueRef, ...]:
+        """Every queue. Listed anew only once one was opened or let go since: the sender
+        asks every round, and listing them took an idle round half of its time."""
+        changes = self._changes
+        listed = self._listed
+        if listed[0] != changes:
+            listed = (changes, tuple(ref for topic in self.topics() for ref in topic.refs()))
+            self._listed = listed  # one assignment: a pair no other lister can split
+        return listed[1]
+
+    def queues_changed(self) -> None:
+        """A topic's queue was opened or let go: `refs()` lists them anew."""
+        with self._changes_lock:
+            self._changes += 1
 
     def partition_counts(self) -> dict[str, int]:
         with self._lock:
