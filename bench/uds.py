@@ -274,8 +274,14 @@ def handoff_echo_rate(threads: int, seconds: float, echo_path: Path) -> float:
     event = encode_wire_event(VALUE, None, None, None)
 
     def echo_batches(ready: HandOffs) -> None:
-        done = 0
-        with connected(echo_path) as sock:
+        """Serve until every caller is done; a socket that fails still wakes them all
+        (none would wake otherwise), then its error is raised."""
+        done, failure = 0, None
+        with contextlib.ExitStack() as stack:
+            try:
+                sock = stack.enter_context(connected(echo_path))
+            except OSError as exc:
+                failure = exc
             while done < threads:
                 batch: list[threading.Lock] = []
                 waiting: threading.Lock | None = ready.get()
@@ -288,10 +294,15 @@ def handoff_echo_rate(threads: int, seconds: float, echo_path: Path) -> float:
                         waiting = ready.get_nowait()
                     except queue.Empty:
                         break
-                if batch:
-                    round_trip(sock, encode_send_payloads(0, TOPIC, [event] * len(batch)))
-                    for lock in batch:
-                        lock.release()
+                if batch and failure is None:
+                    try:
+                        round_trip(sock, encode_send_payloads(0, TOPIC, [event] * len(batch)))
+                    except OSError as exc:
+                        failure = exc
+                for lock in batch:
+                    lock.release()
+        if failure is not None:
+            raise failure
 
     return hand_offs(threads, seconds, echo_batches)
 
@@ -368,8 +379,9 @@ def ship_at(bare: BareProducer, rate: float, stop: threading.Event) -> tuple[int
 
 def shipping_main(bootstrap: str) -> int:
     """The shipping load, a child process: "ready" once connected, then per "ship RATE"
-    line a `BareProducer` ships RATE events/s to LOAD_TOPIC until a "pause" line, answered
-    with how many events it shipped in how many seconds, as JSON. Any other line ends it."""
+    line a `BareProducer` ships RATE events/s to LOAD_TOPIC until the next line: "pause"
+    is answered with how many events it shipped in how many seconds, as JSON; any other
+    line (or none) ends it, as any line but "ship RATE" does between passes."""
     bare = BareProducer(bootstrap, LOAD_TOPIC)
     print("ready", flush=True)
     for line in sys.stdin:
@@ -378,9 +390,11 @@ def shipping_main(bootstrap: str) -> int:
                 with ThreadPoolExecutor(1, "bench-shipping") as shipper:
                     stop = threading.Event()
                     shipping = shipper.submit(ship_at, bare, float(rate), stop)
-                    sys.stdin.readline()  # "pause"
+                    paused = sys.stdin.readline().strip() == "pause"
                     stop.set()
                     shipped, seconds = shipping.result()
+                if not paused:
+                    break
                 print(json.dumps({"shipped": shipped, "seconds": seconds}), flush=True)
             case _:
                 break
@@ -646,7 +660,9 @@ def run(args: BenchArgs) -> dict[str, object]:
             load.tell(f"ship {rate:.0f}")
             floor = handoff_echo_rate(CLIENT_THREADS, profile.pass_seconds, echo.socket_path)
             load.tell("pause")
-            shipped = json.loads(load.read_line())
+            if not (answer := load.read_line()):
+                raise RuntimeError(f"the shipping load ended: {load.stderr_tail()}")
+            shipped = json.loads(answer)
             runs.add("shipping_load_rate", shipped["shipped"] / shipped["seconds"])
             return floor
 

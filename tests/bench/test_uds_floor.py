@@ -24,6 +24,13 @@ def test_handoffs_through_the_echo_wake_every_caller(tmp_path: Path) -> None:
     assert rate > 100  # every caller woken after its batch came back, over and over
 
 
+def test_handoffs_without_an_echo_wake_every_caller_then_raise(tmp_path: Path) -> None:
+    """Its batches are round trips to the echo: with none listening the lane cannot
+    measure, and says so once its callers are done, instead of leaving them waiting."""
+    with pytest.raises(OSError):
+        uds.handoff_echo_rate(4, 0.2, tmp_path / "nobody.sock")
+
+
 def test_the_shipping_load_ships_at_its_rate_until_paused(
     broker: LocalBroker, tmp_path: Path
 ) -> None:
@@ -40,7 +47,9 @@ def test_the_shipping_load_ships_at_its_rate_until_paused(
         load.tell("ship 2000")
         time.sleep(1.0)
         load.tell("pause")
-        shipped = json.loads(load.read_line())
+        answer = load.read_line()
+        assert answer, load.stderr_tail()
+        shipped = json.loads(answer)
         load.stop(10)
     finally:
         load.terminate()

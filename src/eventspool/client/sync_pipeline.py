@@ -454,10 +454,10 @@ class Pipeline(PipelineCore):
                     self._backoff = 0.0
                 else:
                     self._backoff = next_backoff(self._backoff, self.reconnect_backoff_s)
-            # Shutting it down wakes a thread waiting in a read or a write of it, which
-            # closing does not. Nobody starts one now that it is closed, so when nobody
-            # reads or writes (a short-lived client's close) the call is saved.
-            in_use = connection.reading or self._writer.locked()
+                # Shutting it down wakes a thread waiting in a read or a write of it,
+                # which closing does not. Nobody starts one now that it is closed, so
+                # when nobody reads or writes (a short-lived client's close) it is saved.
+                in_use = connection.reading or self._writer.locked()
         if not dropped_before:
             if in_use:
                 with contextlib.suppress(OSError):  # already broken: closing is all that is left
