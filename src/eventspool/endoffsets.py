@@ -33,6 +33,8 @@ _Answer = TypeVar("_Answer")
 _POLL_S = 0.1
 # Answers that mean the partition's leader is moving or briefly out of reach: asked again,
 # waiting 50 ms, then twice as long each time up to a second, until the caller's deadline.
+# `_DESTROY_BROKER` fails a request queued on a broker handle librdkafka let go of while a
+# broker went down or left the metadata; the next ask goes to the leader it knows now.
 _LEADER_MOVING = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
@@ -45,6 +47,7 @@ _LEADER_MOVING = frozenset(
         KafkaError.NETWORK_EXCEPTION,
         KafkaError.REQUEST_TIMED_OUT,
         KafkaError._TRANSPORT,
+        KafkaError._DESTROY_BROKER,
     }
 )
 _FIRST_RETRY_S = 0.05

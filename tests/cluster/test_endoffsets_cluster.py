@@ -38,6 +38,17 @@ def test_ends_are_read_through_not_leader_answers(cluster: MockCluster) -> None:
     assert ends == {(topic, p): 5 for p in range(PARTITIONS)}
 
 
+def test_ends_are_read_through_a_broker_handle_let_go(cluster: MockCluster) -> None:
+    """A request queued on a broker handle that librdkafka destroyed, as when a broker
+    goes down, fails with `_DESTROY_BROKER`; the probe asks again (the Spark source's
+    `latestOffset` once failed a streaming query on it)."""
+    topic = _filled(cluster, 3)
+    cluster.push_request_errors(ApiKey.LIST_OFFSETS, [KafkaError._DESTROY_BROKER] * 2)
+    kafka = {"bootstrap.servers": cluster.bootstrap_servers}
+    ends = true_end_offsets(kafka, [(topic, p) for p in range(PARTITIONS)], timeout=20)
+    assert ends == {(topic, p): 3 for p in range(PARTITIONS)}
+
+
 def test_ends_are_read_after_every_leader_moved(cluster: MockCluster) -> None:
     topic = _filled(cluster, 4)
     kafka = {"bootstrap.servers": cluster.bootstrap_servers}
