@@ -25,6 +25,8 @@ keeps the server's and the clients' CPU per event.
   round trips to the echo server, and the agent's CPU per event against the echo
   server's per round trip; short-lived callers (connect, `send()` one event, close)
   against connect, one echo, close. Single-threaded passes last `callers_seconds` at most.
+  The 16 processes' floor on this machine: their round trips to the echo server again,
+  while the bare producer ships as many events/s as ours reached in the repetition.
 - round trip: one thread's sequential `send()` after a warm-up, p50/p99/p99.9, against
   the same round trip to the C echo server (and, beside it, to a Python echo).
 - access checks: the 16-thread pass on an agent with 10 [[access]] rules of 100 topic
@@ -115,8 +117,15 @@ TCP_HOST = "127.0.0.1"
 VALUE = random.Random(20240601).randbytes(PAYLOAD_BYTES)
 
 
-# The one-client lane and its floors, in the progress line of each repetition.
-LANE_FLOORS = ("one_client_rate", "handoff_ceiling", "shipping_floor_rate")
+# The one-client lane, the 16 processes' and their floors, in each repetition's progress.
+LANE_FLOORS = {
+    "16 threads": ("one_client_rate", "handoff_ceiling", "shipping_floor_rate"),
+    "16 processes": (
+        "processes_16_rate",
+        "c_echo_processes_16_rate",
+        "processes_16_shipping_floor_rate",
+    ),
+}
 # What callers of a hand-off lane queue for the serving thread: a lock each, None when done.
 HandOffs: TypeAlias = "queue.SimpleQueue[threading.Lock | None]"
 
@@ -134,9 +143,9 @@ class Profile:
     producer_events: int  # the bare producer's, per repetition
 
 
-QUICK = Profile(  # 0.8-s passes: with 1-s ones the quick run took 61-63 s on 2 cores
-    0.8,
-    0.4,
+QUICK = Profile(  # with 0.8-s passes and the 16 processes' floor it took 60.4 s on 2 cores
+    0.7,
+    0.3,
     rtt_samples=2_000,
     rtt_warmup=200,
     drain_timeout_s=60,
@@ -655,16 +664,17 @@ def run(args: BenchArgs) -> dict[str, object]:
             ],
         ]
 
-        def shipping_floor(rate: float) -> float:
-            """`handoff_echo_rate` while the shipping load ships `rate` events/s."""
+        def while_shipping(lane: str, rate: float, measure: Callable[[], float]) -> None:
+            """Adds `measure()` as `{lane}_rate` (a floor), measured while the shipping load
+            ships `rate` events/s, and the rate it kept as `{lane}_load_rate`."""
             load.tell(f"ship {rate:.0f}")
-            floor = handoff_echo_rate(CLIENT_THREADS, profile.pass_seconds, echo.socket_path)
+            floor = measure()
             load.tell("pause")
             if not (answer := load.read_line()):
                 raise RuntimeError(f"the shipping load ended: {load.stderr_tail()}")
             shipped = json.loads(answer)
-            runs.add("shipping_load_rate", shipped["shipped"] / shipped["seconds"])
-            return floor
+            runs.add(f"{lane}_rate", floor)
+            runs.add(f"{lane}_load_rate", shipped["shipped"] / shipped["seconds"])
 
         def settle(side: AgentProcess | EchoServer) -> None:
             if isinstance(side, AgentProcess):  # an echo server keeps nothing
@@ -685,7 +695,16 @@ def run(args: BenchArgs) -> dict[str, object]:
                         add_pass(runs, name, sent, process_cpu_s(side.pid) - cpu)
                         settle(side)
                 runs.add("handoff_ceiling", handoff_ceiling(CLIENT_THREADS, profile.pass_seconds))
-                runs.add("shipping_floor_rate", shipping_floor(runs.values["one_client_rate"][-1]))
+                while_shipping(
+                    "shipping_floor",
+                    runs.values["one_client_rate"][-1],
+                    partial(handoff_echo_rate, threads, profile.pass_seconds, echo.socket_path),
+                )
+                while_shipping(
+                    "processes_16_shipping_floor",
+                    runs.values["processes_16_rate"][-1],
+                    lambda: callers("echo")(profile.pass_seconds).rate,
+                )
                 producer_us = producer_cpu_us_per_event(bootstrap, profile.producer_events)
                 runs.add("producer_cpu_us_per_event", producer_us)
                 runs.add("echo_rtt_p50_us", python_echo_rtt_us(profile))
@@ -701,11 +720,14 @@ def run(args: BenchArgs) -> dict[str, object]:
                 settle(agent)
                 add_pass(runs, "anchor", anchor_pass(anchor, profile.pass_seconds), None)
                 summary = f"p50 {rtt['p50_us']:.0f} us p99 {rtt['p99_us']:.0f} us"
-                lanes = {name: runs.values[name][-1] for name in LANE_FLOORS}
+                lanes = "; ".join(
+                    f"{lane}: "
+                    + ", ".join(f"{name} {runs.values[name][-1]:,.0f}/s" for name in names)
+                    for lane, names in LANE_FLOORS.items()
+                )
                 progress(
                     f"rep {rep + 1}: round trip {summary}, C echo {floor['p50_us']:.1f} us, "
-                    f"bare producer {producer_us:.2f} us of CPU per event; 16 threads: "
-                    + ", ".join(f"{name} {value:,.0f}/s" for name, value in lanes.items())
+                    f"bare producer {producer_us:.2f} us of CPU per event; {lanes}"
                 )
         except BaseException:
             progress(f"agent log:\n{agent.log_tail()}")
@@ -806,6 +828,14 @@ def build_result(
                 "cores",
             ),
             rate(
+                "uds_rate_16_processes_vs_shipping_floor",
+                *pair("processes_16_rate", "processes_16_shipping_floor_rate"),
+                title=f"Client.send() through the agent, {callers}",
+                anchor_is=f"this machine's floor for it: {echo}, 100-byte round trips, while a "
+                "bare producer ships as many events/s as ours reached to the broker, on the "
+                "same cores",
+            ),
+            rate(
                 "uds_rate_with_access_rules",
                 *pair("access_rules_rate", "one_client_rate"),
                 title=f"Client.send() through the agent, {threads}, with {ACCESS_RULES} "
@@ -851,7 +881,13 @@ def build_result(
         # This machine's floor for the lane against the ceiling (the socket's round trips
         # and the shipping to Kafka on the same cores), and the rate its load kept up.
         "shipping_floor_over_ceiling": safe_ratio(*pair("shipping_floor_rate", "handoff_ceiling")),
-        "shipping_load_rate": round(m["shipping_load_rate"]),
+        "shipping_load_rate": round(m["shipping_floor_load_rate"]),
+        # The same for the 16 caller processes against their echo: their round trips to
+        # the C echo server while the load ships as many events/s as ours reached.
+        "processes_16_shipping_floor_over_echo": safe_ratio(
+            *pair("processes_16_shipping_floor_rate", "c_echo_processes_16_rate")
+        ),
+        "processes_16_shipping_load_rate": round(m["processes_16_shipping_floor_load_rate"]),
         # The agent's CPU floor per blocking event, and its parts.
         "agent_cpu_floor_us_per_event": agent_cpu_floor,
         "echo_server_cpu_us_per_event": round(echo_cpu, 2),
