@@ -174,6 +174,21 @@ QUOTED: list[tuple[str, str, list[str]]] = [
         ["uds_rate_one_client_vs_shipping_floor.ratio:.2f"],
     ),
     (
+        "16 single-threaded caller processes reach {} of the rate of the same processes "
+        "against it",
+        "uds",
+        ["processes_16_over_echo:.2f"],
+    ),
+    (
+        "Their floor here, the same round trips while a bare producer ships as many events/s "
+        "as they reached, is {} of that rate, and they stand at {} of it.",
+        "uds",
+        [
+            "processes_16_shipping_floor_over_echo:.2f",
+            "uds_rate_16_processes_vs_shipping_floor.ratio:.2f",
+        ],
+    ),
+    (
         "The agent spends {} us of CPU per blocking event, where the echo server's {} per "
         "round trip and a bare producer's {} per event make a floor of {}",
         "uds",
