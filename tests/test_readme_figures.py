@@ -174,8 +174,7 @@ QUOTED: list[tuple[str, str, list[str]]] = [
         ["uds_rate_one_client_vs_shipping_floor.ratio:.2f"],
     ),
     (
-        "16 single-threaded caller processes reach {} of the rate of the same processes "
-        "against it",
+        "16 single-threaded caller processes reach {} of the rate of the same processes against it",
         "uds",
         ["processes_16_over_echo:.2f"],
     ),
