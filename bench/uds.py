@@ -110,6 +110,9 @@ ACCESS_RULES = 10
 ALLOWED_PATTERNS = 1000
 # Events per batch of the bare producer, each batch followed by a poll(0).
 SENDER_BATCH = 100
+# librdkafka's poll() waits in whole milliseconds: a shorter wait is no wait at all, and
+# the shipping load spun through the last one before each batch was due.
+POLL_RESOLUTION_S = 0.001
 # The shipping load's topic.
 LOAD_TOPIC = "bench-uds-shipping"
 TCP_HOST = "127.0.0.1"
@@ -379,7 +382,7 @@ def ship_at(bare: BareProducer, rate: float, stop: threading.Event) -> tuple[int
     while not stop.is_set():
         due = start + (bare.shipped - shipped_before + SENDER_BATCH) / rate
         while (left := due - time.monotonic()) > 0 and not stop.is_set():
-            bare.producer.poll(left)
+            bare.producer.poll(max(left, POLL_RESOLUTION_S))
         bare.ship(bare.records(bare.shipped))
     seconds = time.monotonic() - start
     bare.finish(60)

@@ -4,9 +4,12 @@ echo server, and the shipping load that runs beside them, against the real broke
 from __future__ import annotations
 
 import json
+import threading
 import time
+import uuid
 from contextlib import closing
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -60,3 +63,40 @@ def test_the_shipping_load_ships_at_its_rate_until_paused(
         [(uds.LOAD_TOPIC, partition) for partition in range(uds.PARTITIONS)],
     )
     assert sum(ends.values()) == shipped["shipped"] + 1  # and the one that connected it
+
+
+class _PollsSeen:
+    """The real producer, with the timeouts its polls were given noted."""
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+        self.timeouts: list[float] = []
+
+    def poll(self, timeout: float) -> int:
+        self.timeouts.append(timeout)
+        return int(self.producer.poll(timeout))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.producer, name)
+
+
+def test_the_shipping_load_waits_for_its_batches_instead_of_spinning(
+    broker: LocalBroker,
+) -> None:
+    """librdkafka waits in whole milliseconds, so a poll given less does not wait: the
+    load used to spin through the last one before each batch, costing it more CPU per
+    event than the agent's sender pays, and so understating the floors it loads."""
+    topic = f"load-{uuid.uuid4().hex[:8]}"
+    create_topic(broker.bootstrap_servers, topic, uds.PARTITIONS)
+    bare = uds.BareProducer(broker.bootstrap_servers, topic)
+    polls = _PollsSeen(bare.producer)
+    bare.producer = cast(Any, polls)  # the same producer, its polls noted
+    stop = threading.Event()
+    timer = threading.Timer(0.5, stop.set)
+    timer.start()
+    shipped, seconds = uds.ship_at(bare, 4000, stop)
+    timer.join()
+    assert shipped / seconds == pytest.approx(4000, rel=0.3)
+    waits = [timeout for timeout in polls.timeouts if timeout > 0]  # ship()'s own poll(0)
+    assert waits
+    assert min(waits) >= uds.POLL_RESOLUTION_S
