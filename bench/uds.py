@@ -757,6 +757,10 @@ def build_result(
     ceiling = f"{CLIENT_THREADS} CPython threads woken in turn by one thread, no I/O"
     shared = f"Client.send() through the agent, one client shared by {threads}"
     in_process = "Spool.send() in the application's own process"
+    shipping = (  # beside each lane's floor
+        "while a bare producer ships as many events/s as ours reached to the broker, on the "
+        "same cores"
+    )
     rate = partial(figure, unit="events/s")
     echo_cpu = m["c_echo_processes_16_server_cpu_us_per_event"]
     agent_cpu_floor = round(echo_cpu + m["producer_cpu_us_per_event"], 2)
@@ -826,17 +830,13 @@ def build_result(
                 *pair("one_client_rate", "shipping_floor_rate"),
                 title=shared,
                 anchor_is=f"this machine's floor for it: {threads} handing off to one that "
-                "makes each batch of them one round trip to the C echo server, while a bare "
-                "producer ships as many events/s as ours reached to the broker, on the same "
-                "cores",
+                f"makes each batch of them one round trip to the C echo server, {shipping}",
             ),
             rate(
                 "uds_rate_16_processes_vs_shipping_floor",
                 *pair("processes_16_rate", "processes_16_shipping_floor_rate"),
                 title=f"Client.send() through the agent, {callers}",
-                anchor_is=f"this machine's floor for it: {echo}, 100-byte round trips, while a "
-                "bare producer ships as many events/s as ours reached to the broker, on the "
-                "same cores",
+                anchor_is=f"this machine's floor for it: {echo}, 100-byte round trips, {shipping}",
             ),
             rate(
                 "uds_rate_with_access_rules",
