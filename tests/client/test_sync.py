@@ -83,6 +83,14 @@ def test_a_bad_event_id_raises_before_any_connection(tmp_path: Path, event_id: A
             client.send_many("t", [(b"x", None, None, event_id)])
 
 
+def test_a_client_never_initialised_raises_instead_of_crashing() -> None:
+    """`send()` is compiled down to the pipeline's C call: on a client whose __init__
+    never ran (a subclass that forgot it) it must raise, not read through None."""
+    client = Client.__new__(Client)
+    with pytest.raises(TypeError, match="not initialised"):
+        client.send("orders", b"x")
+
+
 def test_a_bad_argument_in_one_thread_never_strands_the_others(tmp_path: Path) -> None:
     """With no agent, every thread's send ends (with an error), none spins forever."""
     client = Client(tmp_path / "nobody.sock", timeout=0.3)

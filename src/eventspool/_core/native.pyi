@@ -14,7 +14,10 @@ from uuid import UUID
 
 from typing_extensions import Buffer, disjoint_base
 
+# HeadersInput for typing only: the envelope layer imports this one at run time, never
+# the reverse.
 from eventspool.clock import Clock
+from eventspool.envelope import HeadersInput
 
 _Headers = list[tuple[str, bytes | None]]
 _KafkaHeaders = list[tuple[str, str | bytes | None]]
@@ -331,7 +334,6 @@ class PipelineCore:
     def _next_id(self) -> int: ...
     def _keep(self, connection: ConnectionCore) -> bool: ...
     def _mark_closed(self) -> tuple[Any, bool]: ...
-    def call(self, topic: str | None, exchange: str | None, payload: bytes) -> str: ...
     # The requests of eventspool.client.sync_requests, which this layer does not import.
     def submit(self, items: list[Any], control: bool = False) -> None: ...
     def wait(self, reply: Any) -> None: ...
@@ -340,6 +342,21 @@ class PipelineCore:
     def _frames(self, connection: ConnectionCore, batch: list[Any]) -> bytes: ...
     def _frame_of(self, request_id: int, request: Any) -> bytes | None: ...
     def _answer_all(self, connection: ConnectionCore, frames: list[Frame]) -> None: ...
+
+@disjoint_base
+class ClientCore:
+    _pipeline: PipelineCore
+    def send(
+        self,
+        topic: str | None,
+        value: bytes | None,
+        key: bytes | str | None = None,
+        headers: HeadersInput | None = None,
+        *,
+        exchange: str | None = None,
+        routing_key: str = "",
+        event_id: str | UUID | None = None,
+    ) -> str: ...
 
 def settle_results(
     request: list[Any], body: bytes, refusal_error: Callable[[tuple[int, str]], Any]

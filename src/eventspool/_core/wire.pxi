@@ -130,6 +130,11 @@ def common_event_payload(topic, value, key, headers, event_id):
     own on two cores, those frames' code and data cost about 3 us of client CPU per
     blocking send, most of it in cache misses after each wait.
     """
+    return _common_event_payload(topic, value, key, headers, event_id)
+
+
+cdef object _common_event_payload(topic, value, key, headers, event_id):
+    """`common_event_payload`, called in C by the blocking client's `send()`."""
     if headers is not None or event_id is not None:
         return None
     if (value is not None and type(value) is not bytes) or (key is not None and type(key) is not bytes):

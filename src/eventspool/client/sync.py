@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from eventspool._core.native import common_event_payload
+from eventspool._core.native import ClientCore, common_event_payload
 from eventspool.client.common import parse_target, routed_event_payload
 from eventspool.client.sync_pipeline import Pipeline
 from eventspool.client.sync_requests import Control, EventFuture, Outstanding, Reply, Waiting
@@ -42,8 +42,30 @@ from eventspool.wire.protocol import DEFAULT_MAX_FRAME, FrameType
 __all__ = ["AgentError", "Client"]
 
 
-class Client:
-    """A connection to the local agent shared by every thread of a process."""
+def _checked_payload(  # noqa: PLR0917  # send()'s own parameters, in its order
+    topic: str | None,
+    value: bytes | None,
+    key: bytes | str | None,
+    headers: HeadersInput | None,
+    event_id: str | uuid.UUID | None,
+    exchange: str | None,
+    routing_key: str,
+) -> bytes:
+    """Check the arguments, as `Spool.send()` does, before anything is queued."""
+    if exchange is None:
+        return event_payload(topic, value, key, headers, event_id)
+    return routed_event_payload(
+        topic, value, key, headers, event_id, exchange=exchange, routing_key=routing_key
+    )
+
+
+class Client(ClientCore):
+    """A connection to the local agent shared by every thread of a process.
+
+    Its `send()` is compiled (`ClientCore.send`); it checks the uncommon event here."""
+
+    _checked_payload = staticmethod(_checked_payload)
+    _pipeline: Pipeline  # made by __init__; typed here as this layer knows it
 
     def __init__(
         self,
@@ -108,30 +130,6 @@ class Client:
     @reconnect_backoff_s.setter
     def reconnect_backoff_s(self, value: float) -> None:
         self._pipeline.reconnect_backoff_s = value
-
-    def send(
-        self,
-        topic: str | None,
-        value: bytes | None,
-        key: bytes | str | None = None,
-        headers: HeadersInput | None = None,
-        *,
-        exchange: str | None = None,
-        routing_key: str = "",
-        event_id: str | uuid.UUID | None = None,
-    ) -> str:
-        """Hand one event to the agent; returns its event_id once the agent spooled it.
-
-        Raises what `Spool.send()` raises for the event itself, AgentError when the agent
-        cannot be reached within `timeout` (the event may or may not have been spooled
-        if the connection broke after it was written: send it again with the same
-        `event_id` and consumers drop the copy). With `exchange` (and `topic=None`) the
-        agent routes the event by `routing_key`, as `Spool.send()` does.
-        """
-        payload = common_event_payload(topic, value, key, headers, event_id)
-        if payload is None or exchange is not None:  # any other event is checked in Python
-            payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
-        return self._pipeline.call(topic, exchange, payload)
 
     def send_async(
         self,
@@ -229,20 +227,3 @@ class Client:
         if isinstance(outcome, EventspoolError):
             raise outcome
         return control.body
-
-
-def _checked_payload(  # noqa: PLR0917  # send()'s own parameters, in its order
-    topic: str | None,
-    value: bytes | None,
-    key: bytes | str | None,
-    headers: HeadersInput | None,
-    event_id: str | uuid.UUID | None,
-    exchange: str | None,
-    routing_key: str,
-) -> bytes:
-    """Check the arguments, as `Spool.send()` does, before anything is queued."""
-    if exchange is None:
-        return event_payload(topic, value, key, headers, event_id)
-    return routed_event_payload(
-        topic, value, key, headers, event_id, exchange=exchange, routing_key=routing_key
-    )
