@@ -83,12 +83,14 @@ def test_a_bad_event_id_raises_before_any_connection(tmp_path: Path, event_id: A
             client.send_many("t", [(b"x", None, None, event_id)])
 
 
-def test_a_client_never_initialised_raises_instead_of_crashing() -> None:
-    """`send()` is compiled down to the pipeline's C call: on a client whose __init__
-    never ran (a subclass that forgot it) it must raise, not read through None."""
+@pytest.mark.parametrize("method", ["send", "send_async"])
+def test_a_client_never_initialised_raises_instead_of_crashing(method: str) -> None:
+    """`send()` and `send_async()` are compiled down to the pipeline's C methods: on a
+    client whose __init__ never ran (a subclass that forgot it) they must raise, not read
+    through None."""
     client = Client.__new__(Client)
     with pytest.raises(TypeError, match="not initialised"):
-        client.send("orders", b"x")
+        getattr(client, method)("orders", b"x")
 
 
 def test_a_bad_argument_in_one_thread_never_strands_the_others(tmp_path: Path) -> None:

@@ -8,14 +8,15 @@ fails on any name, signature or class property here that the runtime does not ha
 import random
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future
 from enum import IntEnum
 from typing import Any, Self, final, type_check_only
 from uuid import UUID
 
 from typing_extensions import Buffer, disjoint_base
 
-# HeadersInput for typing only: the envelope layer imports this one at run time, never
-# the reverse.
+# The envelope layer imports this module at run time; this stub imports its HeadersInput
+# for typing only.
 from eventspool.clock import Clock
 from eventspool.envelope import HeadersInput
 
@@ -346,6 +347,9 @@ class PipelineCore:
 @disjoint_base
 class ClientCore:
     _pipeline: PipelineCore
+    # The client's Outstanding, which this layer does not import.
+    _outstanding: Any
+    max_queued: int
     def send(
         self,
         topic: str | None,
@@ -357,6 +361,17 @@ class ClientCore:
         routing_key: str = "",
         event_id: str | UUID | None = None,
     ) -> str: ...
+    def send_async(
+        self,
+        topic: str | None,
+        value: bytes | None,
+        key: bytes | str | None = None,
+        headers: HeadersInput | None = None,
+        *,
+        exchange: str | None = None,
+        routing_key: str = "",
+        event_id: str | UUID | None = None,
+    ) -> Future[str]: ...
 
 def settle_results(
     request: list[Any], body: bytes, refusal_error: Callable[[tuple[int, str]], Any]

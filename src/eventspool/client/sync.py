@@ -20,20 +20,18 @@ with backoff for as long as `timeout` allows.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import ssl
 import time
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import Future
 from typing import Any
 
-from eventspool._core.native import ClientCore, common_event_payload
+from eventspool._core.native import ClientCore
 from eventspool.client.common import parse_target, routed_event_payload
 from eventspool.client.sync_pipeline import Pipeline
-from eventspool.client.sync_requests import Control, EventFuture, Outstanding, Reply, Waiting
+from eventspool.client.sync_requests import Control, Outstanding, Reply, Waiting
 from eventspool.envelope import HeadersInput
 from eventspool.errors import AgentError, EventspoolError
 from eventspool.wire.checks import BatchEvent, Outcome, event_payload, split_batch_event
@@ -62,10 +60,14 @@ def _checked_payload(  # noqa: PLR0917  # send()'s own parameters, in its order
 class Client(ClientCore):
     """A connection to the local agent shared by every thread of a process.
 
-    Its `send()` is compiled (`ClientCore.send`); it checks the uncommon event here."""
+    Its `send()` and `send_async()` are compiled (`ClientCore`); it checks the uncommon
+    event here."""
 
     _checked_payload = staticmethod(_checked_payload)
-    _pipeline: Pipeline  # made by __init__; typed here as this layer knows it
+    _unreachable = AgentError
+    # Made by __init__; typed here as this layer knows them.
+    _pipeline: Pipeline
+    _outstanding: Outstanding
 
     def __init__(
         self,
@@ -130,40 +132,6 @@ class Client(ClientCore):
     @reconnect_backoff_s.setter
     def reconnect_backoff_s(self, value: float) -> None:
         self._pipeline.reconnect_backoff_s = value
-
-    def send_async(
-        self,
-        topic: str | None,
-        value: bytes | None,
-        key: bytes | str | None = None,
-        headers: HeadersInput | None = None,
-        *,
-        exchange: str | None = None,
-        routing_key: str = "",
-        event_id: str | uuid.UUID | None = None,
-    ) -> Future[str]:
-        """Queue one event and return at once; the future gives its event_id or error.
-
-        Arguments are checked as in `send()`, and a bad one raises here. The future fails
-        with AgentError when the agent cannot be reached; it does not time out by itself
-        (`future.result(timeout)` does). While more than `max_queued` events of this
-        client await their answer, the call waits for its own (at most `timeout`): callers
-        that fire faster than the agent spools are slowed to its pace, not left to fill
-        the memory, as librdkafka's `queue.buffering.max.messages` does.
-        """
-        payload = common_event_payload(topic, value, key, headers, event_id)
-        if payload is None or exchange is not None:  # any other event is checked in Python
-            payload = _checked_payload(topic, value, key, headers, event_id, exchange, routing_key)
-        outstanding = self._outstanding
-        future = EventFuture(topic, exchange, payload, outstanding)
-        self._pipeline.submit([future])
-        if (
-            next(outstanding.queued) - outstanding.settled_total > self.max_queued
-            and not self._pipeline.reading_here()
-        ):
-            with contextlib.suppress(AgentError):  # queued all the same: the future tells
-                self._pipeline.wait(future)
-        return future
 
     def send_many(self, topic: str, events: Iterable[BatchEvent]) -> list[Outcome]:
         """Hand a batch of events for one topic to the agent in one call.
