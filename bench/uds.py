@@ -146,8 +146,8 @@ class Profile:
     producer_events: int  # the bare producer's, per repetition
 
 
-QUICK = Profile(  # with 0.8-s passes and the 16 processes' floor it took 60.4 s on 2 cores
-    0.7,
+QUICK = Profile(  # with 0.8-s passes and the 16 processes' floor it took 60.4 s on 2 cores,
+    0.6,  # with 0.7-s ones 58.5 s in the VM's slower mode: too close
     0.3,
     rtt_samples=2_000,
     rtt_warmup=200,
