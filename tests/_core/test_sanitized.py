@@ -3,7 +3,7 @@
 The test copies the package into a temporary directory, builds eventspool._core.native
 there with the project's own setup.py plus the sanitizer flags, and runs a short set of
 the tests that drive the core (envelopes, the ring, the partitioner, the agent's
-intake, the consumer's hand-over, the blocking client's call in person) in a child
+intake, the consumer's hand-over, the blocking client's call in person and its lane) in a child
 process whose PYTHONPATH puts that copy first. A buffer overrun, a use after free or
 undefined behaviour in the compiled code then stops the child with a sanitizer report,
 and this test fails with that report in its message.
@@ -52,6 +52,7 @@ CORE_TESTS = (
     "tests/_core/test_core_lock.py",
     "tests/client/test_sync_in_person.py",
     "tests/client/test_sync_answers.py",
+    "tests/client/test_sync_lane.py",
 )
 
 # A line of any sanitizer report: ASan's "ERROR: AddressSanitizer: ..." and SUMMARY lines,

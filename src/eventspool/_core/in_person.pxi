@@ -8,10 +8,6 @@
 # a loop. A caller resumed after its wait finds little of that in the CPU's caches; the
 # same steps on C fields and in one C function touch far less.
 
-from cpython.pythread cimport (
-    NOWAIT_LOCK, PY_LOCK_ACQUIRED, WAIT_LOCK, PyLockStatus, PyThread_acquire_lock,
-    PyThread_allocate_lock, PyThread_free_lock, PyThread_release_lock, PyThread_type_lock,
-)
 
 cdef extern from "pythread.h":
     PyLockStatus PyThread_acquire_lock_timed(
@@ -234,27 +230,68 @@ cdef class QueuedCall(SendCall):
     """The event of a `send()` that found the connection busy, and what its caller waits
     on: settled by whoever reads its answer, which gives back the lock held since it was
     made. One C object where a `Waiting` and its `Reply` were two Python ones with
-    their own lock (with 16 threads sharing a client, most calls come this way)."""
+    their own lock (with 16 threads sharing a client, most calls come this way). The
+    compiled reader settles it without the interpreter lock (answers.pxi): it leaves the
+    event_id in `_awaited`, and the caller makes the `outcome` of it once woken."""
 
-    cdef CoreLock _unsettled
+    cdef Awaited _awaited
+
+    def __cinit__(self, *args, **kwargs):
+        self._awaited.unsettled = PyThread_allocate_lock()
+        if self._awaited.unsettled == NULL:
+            raise MemoryError()
+        PyThread_acquire_lock(self._awaited.unsettled, NOWAIT_LOCK)
+        self._awaited.held = True
+
+    def __dealloc__(self):
+        if self._awaited.unsettled == NULL:  # the allocation failed
+            return
+        if self._awaited.held:
+            PyThread_release_lock(self._awaited.unsettled)
+        PyThread_free_lock(self._awaited.unsettled)
 
     def __init__(self, topic, exchange, bytes payload not None):
         self._topic = topic
         self._exchange = exchange
         self._payload = payload
-        self._unsettled = CoreLock()
-        self._unsettled.try_take()
+
+    def done(self) -> bool:
+        return self._settled()
+
+    cdef inline bint _settled(self) noexcept:
+        return es_load_acquire_u64(&self._awaited.state) != SETTLED_NOT_YET
 
     def _settle(self, outcome) -> None:
         """Set once, by the reader of its answer or by whoever fails it."""
         self._settle_now(outcome)
 
     cdef inline int _settle_now(self, outcome) except -1:
+        if self._settled():
+            raise RuntimeError("the call was settled already")
         self.outcome = outcome
-        return self._unsettled.give()
+        _awaited_settle(&self._awaited, SETTLED_IN_PYTHON)
+        return 0
+
+    cdef bint _take_within(self, double timeout) noexcept:
+        """Wait until the call is settled, `timeout` seconds at most, without the
+        interpreter lock."""
+        cdef PyLockStatus status
+        cdef long long microseconds = <long long>(timeout * 1e6)
+        with nogil:
+            status = PyThread_acquire_lock_timed(self._awaited.unsettled, microseconds, 0)
+        if status != PY_LOCK_ACQUIRED:
+            return False
+        self._awaited.held = True
+        return True
 
     def _wait_done(self, double timeout) -> bool:
-        return self._unsettled.acquire(True, timeout)
+        return self._take_within(timeout)
+
+    cdef object _resolved(self):
+        """The outcome, made from the event_id once the compiled reader settled the call."""
+        if self.outcome is None and es_load_acquire_u64(&self._awaited.state) == SETTLED_WITH_ID:
+            self.outcome = _answered_id(&self._awaited)
+        return self.outcome
 
 
 cdef class ConnectionCore:
@@ -265,8 +302,8 @@ cdef class ConnectionCore:
 
     cdef public int fd
     cdef public Py_ssize_t max_frame
-    # The pipeline's `recv_into` target, made on its first read and reused for every
-    # read after it; a call in person reads its answer onto the stack.
+    # The pipeline's `recv_into` target on a connection with TLS, made on its first
+    # read and reused after it (without TLS the compiled reader reads, `read_answers`).
     cdef public bytearray buffer
     cdef public dict in_flight
     # SENDs and PUBLISHes in flight per target: an event for a busy target waits for the
@@ -287,11 +324,22 @@ cdef class ConnectionCore:
     # flight beside `in_flight`: an entry there cost the call a boxed id, an insertion
     # and a removal. It is read, like the rest, only while `reading`.
     cdef readonly object alone
+    # The SENDs in flight that only queued `send()` calls wait on, beside `in_flight`,
+    # and the bytes read and not handed out yet: the compiled reader's (`read_answers`).
+    # Made on their first use.
+    cdef SendsTable *_sends
+    cdef AnswerBuffer *_answers
 
     def __cinit__(self, *args, **kwargs):
         self.in_flight = {}
         self.targets = {}
         self.unsent = b""
+
+    def __dealloc__(self):
+        if self._sends != NULL:
+            _sends_table_free(self._sends)
+        if self._answers != NULL:
+            _answer_buffer_free(self._answers)
 
     def __init__(self, int fd, Py_ssize_t max_frame, tls=None) -> None:
         self.fd = fd
@@ -302,7 +350,18 @@ cdef class ConnectionCore:
         """Whether a caller may make its call alone: nothing in flight or being read, and
         nothing left unsent (`unsent` goes out before anything else: the pipeline's,
         then). The caller holds the lock."""
-        return not (self.closed or self.reading or self.in_flight or self.unsent)
+        return not (
+            self.closed
+            or self.reading
+            or self.in_flight
+            or self.unsent
+            or (self._sends != NULL and self._sends.count)
+            or (self._answers != NULL and self._answers.have)
+        )
+
+    def awaiting(self) -> bool:
+        """Whether any request written awaits its answer."""
+        return bool(self.in_flight) or (self._sends != NULL and self._sends.count > 0)
 
     def take_in_flight(self) -> list:
         """Every request written and not answered, the call in person's too, no longer in
@@ -310,16 +369,28 @@ cdef class ConnectionCore:
         requests = list(self.in_flight.values())
         self.in_flight.clear()
         self.targets.clear()
+        if self._sends != NULL:
+            requests.extend(_sends_take_all(self._sends))
         if self.alone is not None:
             requests.append(self.alone)
             self.alone = None
         return requests
 
     cpdef note_in_flight(self, dict requests):
-        """Note written requests as awaiting their answers; the caller holds the lock."""
+        """Note written requests as awaiting their answers; the caller holds the lock.
+
+        A SEND of queued `send()` calls only goes to the compiled reader's table: it is
+        not counted in `targets`, as no event waits for the reader to write it (their
+        callers write their own).
+        """
         cdef dict targets = self.targets
-        self.in_flight.update(requests)
-        for request in requests.values():
+        for request_id, request in requests.items():
+            if _awaits_in_c(request):
+                if self._sends == NULL:
+                    self._sends = _sends_table_new()
+                _sends_note(self._sends, request_id, <list>request)
+                continue
+            self.in_flight[request_id] = request
             if type(request) is list:
                 target = _request_target(<list>request)
                 targets[target] = targets.get(target, 0) + 1
@@ -329,6 +400,8 @@ cdef class ConnectionCore:
         is none. The caller holds the lock."""
         cdef dict targets = self.targets
         request = self.in_flight.pop(request_id, None)
+        if request is None and self._sends != NULL:
+            return _sends_take(self._sends, request_id)
         if type(request) is list:
             target = _request_target(<list>request)
             left = targets[target] - 1
@@ -337,6 +410,111 @@ cdef class ConnectionCore:
             else:
                 del targets[target]
         return request
+
+
+    def keep_read(self, bytes data not None) -> None:
+        """Bytes a call in person read that are not its whole answer alone: the reader
+        hands them out before it reads on."""
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+        if self._answers == NULL:
+            self._answers = _answer_buffer_new()
+        if _answer_buffer_keep(self._answers, PyBytes_AS_STRING(data), size) < 0:
+            raise MemoryError()
+
+    def read_answers(self, reply, double deadline, bint others):
+        """Read answers off the socket until there are some for Python to hand out: the
+        bytes of their whole frames. Those to queued `send()` calls of the table are
+        settled here, without the interpreter lock, and never come out.
+
+        Returns b"" to have the reader look again: `reply` (a call waiting in person) is
+        settled, `deadline` (monotonic seconds; 0 for none) passed, or without a
+        `reply` nothing is in flight any more (`others`: requests in `in_flight` at the
+        call, whose answers will come out). Any other `reply` gets one read at a time.
+        None once the agent closed the connection; after a frame too large or too small,
+        its bytes come out for the decoder to word the fault, and the next call ends.
+        Raises OSError as the socket module does (BlockingIOError once SO_RCVTIMEO ran
+        out). Only the reader calls this, and only for a connection without TLS.
+        """
+        cdef Awaited *own = NULL
+        cdef bint one_read = False
+        cdef int step
+        if type(reply) is QueuedCall:
+            own = &(<QueuedCall>reply)._awaited
+        elif reply is not None:
+            one_read = True
+        if self._answers == NULL:
+            self._answers = _answer_buffer_new()
+        cdef AnswerBuffer *buffer = self._answers
+        while True:
+            with nogil:
+                step = self._read_step(own, one_read, others, deadline)
+            _answer_buffer_drop_spent(buffer)
+            if step == READ_SPENT:
+                continue
+            if step == READ_HANDED:
+                out = PyBytes_FromStringAndSize(buffer.out, buffer.out_have)
+                buffer.out_have = 0
+                return out
+            if step == READ_LOOK:
+                return b""
+            if step == READ_END:
+                return None
+            if step == READ_NO_MEMORY:
+                raise MemoryError()
+            if buffer.error != EINTR:
+                raise _os_error(buffer.error)
+            PyErr_CheckSignals()
+
+    cdef int _read_step(
+        self, Awaited *own, bint one_read, bint others, double deadline
+    ) noexcept nogil:
+        """Settle and hand out what is buffered, then read, until one of READ_*."""
+        cdef AnswerBuffer *buffer = self._answers
+        cdef bint answered = False, read = False
+        cdef Py_ssize_t got
+        while True:
+            if _answer_buffer_settle(buffer, self._sends, self.max_frame, &answered) < 0:
+                return READ_NO_MEMORY
+            if answered:
+                self.answered = True
+            if buffer.out_have:
+                return READ_HANDED
+            if buffer.spent_count >= ANSWER_SPENT_MOST:
+                return READ_SPENT
+            if own != NULL:
+                if es_load_acquire_u64(&own.state) != SETTLED_NOT_YET:
+                    return READ_LOOK
+            elif one_read:
+                if read:
+                    return READ_LOOK
+            elif not others and (self._sends == NULL or self._sends.count == 0):
+                if not _answers_within(self.fd, READER_LINGER_MS, &buffer.error):
+                    return READ_ERROR if buffer.error else READ_LOOK
+            if deadline > 0 and _monotonic_s() >= deadline:
+                return READ_LOOK
+            if buffer.failed or self.closed:
+                return READ_END
+            if _grow(<void **>&buffer.data, &buffer.room, buffer.have + ANSWER_READ_SIZE) < 0:
+                return READ_NO_MEMORY
+            got = _socket_recv(self.fd, buffer.data + buffer.have, buffer.room - buffer.have, 0)
+            if got == 0:
+                return READ_END
+            if got < 0:
+                buffer.error = errno
+                return READ_ERROR
+            buffer.have += got
+            read = True
+
+
+cdef inline bint _awaits_in_c(request):
+    """Whether only queued `send()` calls of a topic wait on `request`: the compiled
+    reader settles them."""
+    if type(request) is not list:
+        return False
+    for item in <list>request:
+        if type(item) is not QueuedCall or (<QueuedCall>item)._exchange is not None:
+            return False
+    return True
 
 
 cdef inline tuple _request_target(list request):
@@ -399,6 +577,9 @@ cdef class PipelineCore:
     cdef public double timeout, reconnect_backoff_s, _backoff
     cdef public Py_ssize_t max_batch, max_frame_bytes
     cdef public uint32_t _last_request_id  # public for the test of its wrap-around
+    # Queued `send()` calls that the writer frames and writes in C (queued_calls.pxi);
+    # made on its first use.
+    cdef Lane *_lane
 
     def __init__(
         self,
@@ -426,8 +607,19 @@ cdef class PipelineCore:
         self._backoff = 0.0
         self._closed = False
 
+    def __dealloc__(self):
+        if self._lane != NULL:
+            _lane_free(self._lane)
+
     def _next_id(self) -> int:
         return self._new_id()
+
+    def has_queued(self) -> bool:
+        """Whether requests wait to be written."""
+        return self._has_queued()
+
+    cdef inline bint _has_queued(self):
+        return bool(self._pending) or (self._lane != NULL and self._lane.count > 0)
 
     def _keep(self, ConnectionCore connection not None) -> bool:
         """Make a new `connection` the pipeline's; False when close() came while it was
@@ -455,7 +647,7 @@ cdef class PipelineCore:
             idle = (
                 connection.idle()
                 and connection.reader is None
-                and not self._pending
+                and not self._has_queued()
                 and not self._writer._held
             )
             if idle:
@@ -465,13 +657,7 @@ cdef class PipelineCore:
         return found, idle
 
     cdef inline uint32_t _new_id(self) noexcept:
-        """Request ids wrap around but skip 0, the id of connection-level errors. In
-        uint32_t arithmetic: with the literal 0xFFFFFFFF, a modulo was made of Python
-        integers (PyNumber_Remainder, 400 instructions a call)."""
-        self._last_request_id += 1  # wraps to 0 after 0xFFFFFFFF
-        if self._last_request_id == 0:
-            self._last_request_id = 1
-        return self._last_request_id
+        return _next_request_id(&self._last_request_id)
 
     cdef str call(self, topic, exchange, bytes payload):
         """A blocking `send()` (`ClientCore.send`): the event_id, or raises the error that
@@ -481,7 +667,7 @@ cdef class PipelineCore:
         outcome = None
         if (
             topic is not None  # else an exchange's
-            and not self._pending
+            and not self._has_queued()
             and not self._closed
             and not self._busy()
             and self._writer.try_take()
@@ -495,7 +681,7 @@ cdef class PipelineCore:
                 self._read(reading, event, _monotonic_s() + self.timeout)
                 outcome = event.outcome or self._no_answer()
             elif event.outcome is not None:
-                if self._pending:  # queued while this caller held the writer role
+                if self._has_queued():  # queued while this caller held the writer role
                     self._flush()
                 outcome = event.outcome
         if outcome is None:
@@ -518,14 +704,33 @@ cdef class PipelineCore:
     cdef object _queued(self, topic, exchange, bytes payload):
         """A `send()` not made in person: written alone when the writer role is free and
         nothing is queued or in flight (`_write_alone`, which gives the role back), else
-        queued; then waited for, like any call."""
+        queued, on the lane when it may (`_on_lane`); then waited for, like any call."""
         cdef QueuedCall event = QueuedCall(topic, exchange, payload)
-        if self._pending or self._closed or self._busy() or not self._writer.try_take():
-            self.submit([event])
+        if self._has_queued() or self._closed or self._busy() or not self._writer.try_take():
+            if not self._on_lane(event):
+                self.submit([event])
         else:
             self._write_alone(event)
         self.wait(event)
-        return event.outcome
+        return event._resolved()
+
+    cdef bint _on_lane(self, QueuedCall event) except -1:
+        """Queue a topic's call on the lane and write what is queued unless another
+        thread is writing; False when it must queue in Python: on a connection with TLS
+        or none yet, and behind requests queued there (one thread's requests are written
+        in the order it made them)."""
+        cdef ConnectionCore connection
+        found = self._connection
+        if event._exchange is not None or found is None or self._closed or self._pending:
+            return False
+        connection = <ConnectionCore>found
+        if connection.closed or connection.tls is not None:
+            return False
+        if self._lane == NULL:
+            self._lane = _lane_new()
+        _lane_push(self._lane, event)
+        self._flush()
+        return True
 
     cpdef submit(self, list items, bint control=False):
         """Queue requests (events of one call, or one PING or STATS: `control`); write
@@ -561,11 +766,67 @@ cdef class PipelineCore:
         threads sharing a client come here to find the writer role taken."""
         # Whoever holds the writer role looks at the queue again after letting go of it,
         # so a request queued while it was letting go is never left behind.
-        while self._pending and self._writer.try_take():
+        while self._has_queued() and self._writer.try_take():
             try:
-                self._write_pending()
+                self._write_queued()
             finally:
                 self._writer.give()
+
+    cdef int _write_queued(self) except -1:
+        """The writer writes what is queued: the lane's calls in C when the connection
+        takes them as they are (plain, nothing left unsent), the rest in Python
+        (`_write_pending`, which takes the lane's first)."""
+        cdef ConnectionCore connection
+        while self._lane != NULL and self._lane.count:
+            found = self._connection
+            if found is None:
+                break
+            connection = <ConnectionCore>found
+            if connection.closed or connection.tls is not None or connection.unsent:
+                break
+            self._write_lane(connection)
+        if self._has_queued():
+            self._write_pending()
+        return 0
+
+    cdef int _write_lane(self, ConnectionCore connection) except -1:
+        """Frame, note and write the lane's calls without the interpreter lock, and those
+        queued meanwhile; what is out of the ordinary goes on in Python: a partial write (`_write_waiting`), a
+        broken socket (`_drop`), a connection dropped meanwhile (`_fail_unwritten`), no
+        memory (the calls go back to the front of the queue)."""
+        cdef LaneWrite done
+        cdef Py_ssize_t i
+        if connection._sends == NULL:
+            connection._sends = _sends_table_new()
+        with nogil:  # and on, while callers queue more meanwhile and all goes well
+            while True:
+                done = _lane_write(
+                    self._lane,
+                    connection._sends,
+                    connection.fd,
+                    &self._last_request_id,
+                    self.max_frame_bytes,
+                )
+                if done.status != LANE_WRITTEN or done.written < done.size or not self._lane.count:
+                    break
+                free(done.data)
+                free(done.sends)
+        try:
+            if done.status == LANE_NO_MEMORY:
+                self._pending.extendleft(reversed(_lane_calls(done.calls, done.call_count)))
+            elif done.status == LANE_CLOSED:
+                self._fail_unwritten([_send_list(&done.sends[i]) for i in range(done.send_count)])
+            elif done.status == LANE_FAILED:
+                self._drop(connection, f"writing failed: {_os_error(done.error)}")
+            elif done.written < done.size:
+                self._write_waiting(
+                    connection,
+                    PyBytes_FromStringAndSize(done.data + done.written, done.size - done.written),
+                )
+        finally:
+            free(done.data)
+            free(done.sends)
+        return 0
 
     def wait(self, reply) -> None:
         """Wait until `reply` (a call's, or a future) is done, reading the answers while
@@ -573,14 +834,14 @@ cdef class PipelineCore:
         cdef double deadline = _monotonic_s() + self.timeout, left
         # A `send()`'s own call is waited on in C; the others through their methods.
         cdef QueuedCall call = reply if type(reply) is QueuedCall else None
-        while not (call.outcome is not None if call is not None else reply.done()):
+        while not (call._settled() if call is not None else reply.done()):
             left = deadline - _monotonic_s()
             if left <= 0:
                 raise self._no_answer()
             connection = self._take_reading()
             if connection is None:
                 if call is not None:
-                    call._unsettled.take_within(left)
+                    call._take_within(left)
                 else:
                     reply._wait_done(left)
             else:
@@ -610,9 +871,9 @@ cdef class PipelineCore:
     # `_fail_unwritten` and `_settle_other`.
 
     def _take(self, Py_ssize_t most) -> list:
-        """Up to `most` requests from the front of the queue; callers may append
-        meanwhile, and close() may take them too."""
-        cdef list taken = []
+        """The lane's calls, then up to `most` requests from the front of the queue;
+        callers may append meanwhile, and close() may take them too."""
+        cdef list taken = _lane_take(self._lane) if self._lane != NULL else []
         cdef Py_ssize_t n
         take = self._pending.popleft
         for n in range(most):
@@ -775,7 +1036,7 @@ cdef class PipelineCore:
             if request is not None and not answered and not isinstance(error, ValueError):
                 connection.note_in_flight({request_id: request})
             # Nobody queued meanwhile: nobody waits for this reader to write for them.
-            over = answered and not self._pending
+            over = answered and not self._has_queued()
             if over:
                 connection.reading = False
         finally:

@@ -154,7 +154,7 @@ cdef inline char *_put_batch_head(
     const char *name,
     Py_ssize_t name_size,
     Py_ssize_t count,
-) noexcept:
+) noexcept nogil:
     """A SEND or PUBLISH frame of `size` bytes up to its events: header, name (UTF-8),
     count; where its events go. The caller checked that the sizes fit their fields."""
     es_put_be32(p, <uint32_t>(size - 4))
@@ -164,6 +164,20 @@ cdef inline char *_put_batch_head(
     memcpy(p + FRAME_HEADER_SIZE + 2, name, name_size)
     es_put_be32(p + FRAME_HEADER_SIZE + 2 + name_size, <uint32_t>count)
     return p + FRAME_HEADER_SIZE + 6 + name_size
+
+
+cdef inline bint _frame_full(
+    Py_ssize_t frame_size,
+    Py_ssize_t events,
+    Py_ssize_t event_size,
+    Py_ssize_t max_frame_bytes,
+    Py_ssize_t max_events,
+) noexcept nogil:
+    """The rule of `wire.batching.frame_slices`: whether an event of `event_size` starts a
+    new frame after `events` events that make `frame_size` bytes (its overhead too). A
+    frame is at most `max_frame_bytes` unless one event alone is larger, and holds at
+    most `max_events` events."""
+    return events > 0 and (frame_size + event_size > max_frame_bytes or events >= max_events)
 
 
 def frame_cuts(
@@ -178,9 +192,7 @@ def frame_cuts(
     cuts = []
     for index in range(count):
         event_size = sizes[index]
-        if index > start and (
-            size + event_size > max_frame_bytes or index - start >= max_events
-        ):
+        if _frame_full(size, index - start, event_size, max_frame_bytes, max_events):
             cuts.append(slice(start, index))
             start = index
             size = overhead

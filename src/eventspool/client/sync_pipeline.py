@@ -23,6 +23,13 @@ the socket is writable again, and it reads answers meanwhile, so a full socket b
 cannot stall the two sides. Done callbacks run on the reader, and a `send_async()` there
 never waits for its own answer over `max_queued`: nobody else would read it.
 
+A `send()` that queues goes on the lane instead (`_core/queued_calls.pxi`) when its
+connection has no TLS and nothing waits in the Python queue before it: the writer
+frames the lane's calls and writes them, and the reader wakes their callers, without the
+interpreter lock; the reader hands the rest (refusals, futures, controls) to
+`_answer_all` here. The reader thread waits 50 ms for answers once nothing is in flight
+before it leaves the reading to callers again.
+
 A broken connection fails the requests written on it with AgentError (their outcome is
 unknown: the agent may have spooled them before it died); the next call reconnects,
 with backoff for as long as `timeout` allows.
@@ -101,7 +108,7 @@ class Pipeline(PipelineCore):
         if idle:
             connection.close()
             return
-        if self._pending and (pending := self._take(len(self._pending))):
+        if self.has_queued() and (pending := self._take(len(self._pending))):
             fail(pending, AgentError(f"agent at {self.target}: the client was closed"))
         if connection is not None:
             self._drop(connection, "the client was closed")
@@ -195,10 +202,7 @@ class Pipeline(PipelineCore):
             self._drop(connection, "the agent closed the connection")
         else:
             assert isinstance(value, bytes)
-            try:
-                self._answer_all(connection, connection.decoder.feed(value))
-            except (ProtocolError, ValueError) as exc:
-                self._drop(connection, str(exc))
+            connection.keep_read(value)  # handed out by the reader: this caller, next
 
     # ---- the writing caller ---------------------------------------------------------------
 
@@ -247,7 +251,7 @@ class Pipeline(PipelineCore):
     def _flush_from_reader(self, connection: Connection) -> None:
         """The reader writes what callers left to it, never waiting for room: whatever
         the socket does not take now stays in `unsent` until it polls writable."""
-        while (self._pending or connection.unsent) and self._writer.acquire(blocking=False):
+        while (self.has_queued() or connection.unsent) and self._writer.acquire(blocking=False):
             try:
                 if connection.closed or self._connection is not connection:
                     return  # queued events go out on the next connection, by a caller
@@ -365,7 +369,7 @@ class Pipeline(PipelineCore):
         rest when the caller who was reading got its own; `wanted` wakes it for more."""
         while True:
             with self._lock:
-                while not connection.closed and (connection.reading or not connection.in_flight):
+                while not connection.closed and (connection.reading or not connection.awaiting()):
                     wanted.wait()
                 if connection.closed:
                     return
@@ -390,20 +394,20 @@ class Pipeline(PipelineCore):
                 if reply is not None:
                     if reply.done() or time.monotonic() >= (deadline or 0.0):
                         break
-                elif not connection.in_flight:
+                elif not connection.awaiting():
                     break
                 if connection.unsent and not self._readable_or_writable(connection, deadline):
                     continue  # room to write the rest: do it before reading on
                 try:
-                    data = receive(connection)
+                    data = self._receive(connection, reply, deadline)
                 except (TimeoutError, BlockingIOError):  # SO_RCVTIMEO ran out
                     reason = f"no answer within {self.timeout} s"
                     break
-                if not data:
+                if data is None:
                     reason = "the agent closed the connection"
                     break
-                if connection.tls is not None:
-                    data = connection.tls.open(data)
+                if not data:
+                    continue
                 connection.reader_busy = True
                 self._answer_all(connection, connection.decoder.feed(data))
         except (OSError, ProtocolError, ValueError) as exc:
@@ -412,11 +416,26 @@ class Pipeline(PipelineCore):
         connection.reader_ident = None
         with self._lock:
             connection.reading = False
-            if connection.in_flight and not connection.closed:
+            if connection.awaiting() and not connection.closed:
                 self._wake_reader(connection)
         if reason:
             self._drop(connection, reason)
         self._flush()
+
+    def _receive(
+        self,
+        connection: Connection,
+        reply: Reply | EventFuture | InPerson | QueuedCall | None,
+        deadline: float | None,
+    ) -> bytes | None:
+        """The next answers' bytes for Python to hand out; b"" to look again, None at the
+        agent's end of file. Without TLS the compiled reader reads, and settles what
+        queued `send()` calls wait on itself (`ConnectionCore.read_answers`)."""
+        if connection.tls is None:
+            others = bool(connection.in_flight)
+            return connection.read_answers(reply, deadline or 0.0, others)
+        data = receive(connection)
+        return connection.tls.open(data) if data else None
 
     def _readable_or_writable(self, connection: Connection, deadline: float | None) -> bool:
         """Wait until answers come (True) or the socket takes more (False)."""
