@@ -207,3 +207,44 @@ def test_a_frame_too_large_ends_the_connection_and_fails_the_calls_in_words(
     failed = [o for o in outcomes.values() if isinstance(o, AgentError)]
     assert failed
     assert any("exceeds the maximum" in str(o) for o in failed), [str(o) for o in failed]
+
+
+def test_large_calls_beside_futures_are_all_answered(
+    tmp_path: Path,
+) -> None:
+    """Events larger than the socket takes at once, from threads that block (on the lane)
+    and threads that fire (in the Python queue, their answers handed to Python), to a
+    peer that answers slowly: every call is answered, none twice."""
+    answer, sends, _refused = _answer_ids()
+    scripted_agent(tmp_path / "a.sock", answer)
+    big = 300_000
+    outcomes: dict[bytes, str | BaseException] = {}
+    with Client(tmp_path / "a.sock", timeout=30.0) as client:
+
+        def blocking(thread: int) -> None:
+            for n in range(3):
+                value = b"%02d%02d" % (thread, n) + b"x" * big
+                outcomes[value[:4]] = client.send("t", value)
+
+        def firing(thread: int) -> None:
+            futures = [
+                (
+                    b"%02d%02d" % (thread, n),
+                    client.send_async("t", b"%02d%02d" % (thread, n) + b"y" * big),
+                )
+                for n in range(3)
+            ]
+            for key, future in futures:
+                outcomes[key] = future.result(30)
+
+        threads = [threading.Thread(target=blocking, args=(n,)) for n in range(4)]
+        threads += [threading.Thread(target=firing, args=(n,)) for n in range(4, 8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not any(thread.is_alive() for thread in threads), "a caller was left waiting"
+    assert len(outcomes) == 24
+    for outcome in outcomes.values():
+        assert isinstance(outcome, str) and outcome.startswith("00000000-0000-7000-8000-")
+    assert sum(len(values) for _topic, values in sends) == 24

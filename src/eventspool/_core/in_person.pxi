@@ -231,7 +231,7 @@ cdef class QueuedCall(SendCall):
     on: settled by whoever reads its answer, which gives back the lock held since it was
     made. One C object where a `Waiting` and its `Reply` were two Python ones with
     their own lock (with 16 threads sharing a client, most calls come this way). The
-    compiled reader settles it without the interpreter lock (answers.pxi): it leaves the
+    compiled reader settles it without the interpreter lock (queued_calls.pxi): it leaves the
     event_id in `_awaited`, and the caller makes the `outcome` of it once woken."""
 
     cdef Awaited _awaited
@@ -379,13 +379,13 @@ cdef class ConnectionCore:
     cpdef note_in_flight(self, dict requests):
         """Note written requests as awaiting their answers; the caller holds the lock.
 
-        A SEND of queued `send()` calls only goes to the compiled reader's table: it is
-        not counted in `targets`, as no event waits for the reader to write it (their
-        callers write their own).
+        A SEND of queued `send()` calls only, on a connection without TLS, goes to the
+        compiled reader's table: it is not counted in `targets`, as no event waits for
+        the reader to write it (their callers write their own, on the lane).
         """
         cdef dict targets = self.targets
         for request_id, request in requests.items():
-            if _awaits_in_c(request):
+            if self.tls is None and _awaits_in_c(request):
                 if self._sends == NULL:
                     self._sends = _sends_table_new()
                 _sends_note(self._sends, request_id, <list>request)
@@ -429,14 +429,16 @@ cdef class ConnectionCore:
         Returns b"" to have the reader look again: `reply` (a call waiting in person) is
         settled, `deadline` (monotonic seconds; 0 for none) passed, or without a
         `reply` nothing is in flight any more (`others`: requests in `in_flight` at the
-        call, whose answers will come out). Any other `reply` gets one read at a time.
+        call, whose answers will come out). Any other `reply`, and a connection with
+        frames left unsent, get one read at a time.
         None once the agent closed the connection; after a frame too large or too small,
         its bytes come out for the decoder to word the fault, and the next call ends.
         Raises OSError as the socket module does (BlockingIOError once SO_RCVTIMEO ran
         out). Only the reader calls this, and only for a connection without TLS.
         """
         cdef Awaited *own = NULL
-        cdef bint one_read = False
+        # With frames left unsent, the reader writes them between its reads.
+        cdef bint one_read = bool(self.unsent)
         cdef int step
         if type(reply) is QueuedCall:
             own = &(<QueuedCall>reply)._awaited
@@ -481,13 +483,13 @@ cdef class ConnectionCore:
                 return READ_HANDED
             if buffer.spent_count >= ANSWER_SPENT_MOST:
                 return READ_SPENT
-            if own != NULL:
-                if es_load_acquire_u64(&own.state) != SETTLED_NOT_YET:
-                    return READ_LOOK
-            elif one_read:
-                if read:
-                    return READ_LOOK
-            elif not others and (self._sends == NULL or self._sends.count == 0):
+            if own != NULL and es_load_acquire_u64(&own.state) != SETTLED_NOT_YET:
+                return READ_LOOK
+            if one_read and read:
+                return READ_LOOK
+            if own == NULL and not one_read and not others and (
+                self._sends == NULL or self._sends.count == 0
+            ):
                 if not _answers_within(self.fd, READER_LINGER_MS, &buffer.error):
                     return READ_ERROR if buffer.error else READ_LOOK
             if deadline > 0 and _monotonic_s() >= deadline:
@@ -723,6 +725,8 @@ cdef class PipelineCore:
         found = self._connection
         if event._exchange is not None or found is None or self._closed or self._pending:
             return False
+        if PyBytes_GET_SIZE(event._payload) > self.max_frame_bytes:
+            return False  # a frame of its own, or none: the Python pipeline's checks
         connection = <ConnectionCore>found
         if connection.closed or connection.tls is not None:
             return False
@@ -818,11 +822,20 @@ cdef class PipelineCore:
                 self._fail_unwritten([_send_list(&done.sends[i]) for i in range(done.send_count)])
             elif done.status == LANE_FAILED:
                 self._drop(connection, f"writing failed: {_os_error(done.error)}")
-            elif done.written < done.size:
-                self._write_waiting(
-                    connection,
-                    PyBytes_FromStringAndSize(done.data + done.written, done.size - done.written),
-                )
+            else:
+                # Its callers may all wait on their calls, if the one who was reading
+                # just left: somebody reads what was written.
+                self._lock.take()
+                try:
+                    if not (connection.reading or connection.closed):
+                        self._wake_reader(connection)
+                finally:
+                    self._lock.give()
+                if done.written < done.size:
+                    self._write_waiting(
+                        connection,
+                        PyBytes_FromStringAndSize(done.data + done.written, done.size - done.written),
+                    )
         finally:
             free(done.data)
             free(done.sends)

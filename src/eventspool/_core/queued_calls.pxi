@@ -234,15 +234,17 @@ cdef object _sends_take(SendsTable *table, uint32_t request_id):
 cdef list _sends_take_all(SendsTable *table):
     """Every SEND's calls, out of the table, which notes nothing after this: a broken
     connection fails them."""
-    cdef list requests = []
-    cdef SendInFlight send
+    cdef Py_ssize_t count, i
     _lock_holding_gil(table.lock)
     table.closed = True
-    while table.count:
-        send = _sends_remove(table, 0)
-        requests.append(_send_list(&send))
+    cdef SendInFlight *sends = table.sends
+    count = table.count
+    table.sends, table.count, table.room = NULL, 0, 0
     PyThread_release_lock(table.lock)
-    return requests
+    try:  # made outside the lock: the reader takes it without the interpreter lock
+        return [_send_list(&sends[i]) for i in range(count)]
+    finally:
+        free(sends)
 
 
 cdef bint _all_ids(const char *body, Py_ssize_t size, Py_ssize_t count) noexcept nogil:
@@ -618,14 +620,14 @@ cdef LaneWrite _lane_write(
     free(order)
     free(calls)  # their references are the SENDs' now
     result.size = size
-    # Noted before they are written: an answer may come before the write returns.
+    # Noted before they are written: an answer may come before the write returns. The
+    # lock is held through the write (which never waits for room): a connection dropped
+    # meanwhile has its table closed first, under this lock, and its descriptor closed
+    # after, so the write never goes to a descriptor closed (or reused) meanwhile.
     PyThread_acquire_lock(table.lock, WAIT_LOCK)
     if table.closed or _sends_insert(table, result.sends, result.send_count) < 0:
         result.status = LANE_CLOSED  # without memory to note them, as good as dropped
-    PyThread_release_lock(table.lock)
-    if result.status == LANE_CLOSED:
-        return result
-    while result.written < size:
+    while result.status == LANE_WRITTEN and result.written < size:
         sent = _socket_send(
             fd, result.data + result.written, size - result.written, MSG_DONTWAIT | MSG_NOSIGNAL
         )
@@ -636,7 +638,7 @@ cdef LaneWrite _lane_write(
         elif errno != EINTR:
             result.status = LANE_FAILED
             result.error = errno
-            break
+    PyThread_release_lock(table.lock)
     return result
 
 

@@ -410,7 +410,7 @@ class Pipeline(PipelineCore):
                     continue
                 connection.reader_busy = True
                 self._answer_all(connection, connection.decoder.feed(data))
-        except (OSError, ProtocolError, ValueError) as exc:
+        except (OSError, ProtocolError, ValueError, MemoryError) as exc:
             reason = str(exc) or type(exc).__name__
         connection.reader_busy = False
         connection.reader_ident = None
@@ -421,6 +421,11 @@ class Pipeline(PipelineCore):
         if reason:
             self._drop(connection, reason)
         self._flush()
+        # What that wrote may be all its callers wait on, each not reading as this
+        # reader was: somebody reads it.
+        with self._lock:
+            if not (connection.reading or connection.closed) and connection.awaiting():
+                self._wake_reader(connection)
 
     def _receive(
         self,
