@@ -28,7 +28,8 @@ keeps the server's and the clients' CPU per event.
   The 16 processes' floor on this machine: their round trips to the echo server again,
   while the bare producer ships as many events/s as ours reached in the repetition.
 - round trip: one thread's sequential `send()` after a warm-up, p50/p99/p99.9, against
-  the same round trip to the C echo server (and, beside it, to a Python echo).
+  the same round trip to the C echo server, the two sampled in alternating blocks of
+  100 (this machine's speed can change within seconds); beside them, a Python echo's.
 - access checks: the 16-thread pass on an agent with 10 [[access]] rules of 100 topic
   patterns each (the last for this uid) and 1000 allowed_topics patterns.
 - TLS: the 16-thread and `send_async()` passes over loopback TCP with TLS (P-256 server
@@ -413,6 +414,41 @@ def shipping_main(bootstrap: str) -> int:
     return 0
 
 
+RTT_BLOCK = 100  # samples of one side before the other's, in `paired_round_trips_us`
+
+
+def paired_round_trips_us(
+    ours: Callable[[], object],
+    anchor: Callable[[], object],
+    profile: Profile,
+    server_pid: int,
+) -> tuple[dict[str, float], dict[str, float], float]:
+    """`round_trips_us` of both, their samples taken in alternating blocks of RTT_BLOCK,
+    so that a machine whose speed changes within seconds changes it for both; and the
+    CPU seconds of process `server_pid` during our blocks (its warm-up's too)."""
+    clock = time.perf_counter_ns
+    cpu = process_cpu_s(server_pid)
+    for _ in range(profile.rtt_warmup):
+        ours()
+    server_cpu_s = process_cpu_s(server_pid) - cpu
+    for _ in range(profile.rtt_warmup):
+        anchor()
+    samples: dict[bool, list[int]] = {True: [], False: []}
+    for block in range(-(-profile.rtt_samples // RTT_BLOCK)):
+        for is_ours in (True, False) if block % 2 == 0 else (False, True):
+            exchange = ours if is_ours else anchor
+            out = samples[is_ours]
+            count = min(RTT_BLOCK, profile.rtt_samples - len(out))
+            cpu = process_cpu_s(server_pid)
+            for _ in range(count):
+                t0 = clock()
+                exchange()
+                out.append(clock() - t0)
+            if is_ours:
+                server_cpu_s += process_cpu_s(server_pid) - cpu
+    return latency_summary_us(samples[True]), latency_summary_us(samples[False]), server_cpu_s
+
+
 def round_trips_us(exchange: Callable[[], object], profile: Profile) -> dict[str, float]:
     """p50, p99, p99.9 and max of sequential exchanges, after untimed warm-up ones."""
     clock = time.perf_counter_ns
@@ -711,11 +747,13 @@ def run(args: BenchArgs) -> dict[str, object]:
                 producer_us = producer_cpu_us_per_event(bootstrap, profile.producer_events)
                 runs.add("producer_cpu_us_per_event", producer_us)
                 runs.add("echo_rtt_p50_us", python_echo_rtt_us(profile))
-                floor = round_trips_us(partial(round_trip, echo_caller, VALUE), profile)
+                rtt, floor, rtt_cpu_s = paired_round_trips_us(
+                    partial(single.send, TOPIC, VALUE),
+                    partial(round_trip, echo_caller, VALUE),
+                    profile,
+                    agent.pid,
+                )
                 runs.add("c_echo_rtt_p50_us", floor["p50_us"])
-                cpu = process_cpu_s(agent.pid)
-                rtt = round_trips_us(partial(single.send, TOPIC, VALUE), profile)
-                rtt_cpu_s = process_cpu_s(agent.pid) - cpu
                 for stat in ("p50_us", "p99_us", "p999_us", "max_us"):
                     runs.add(f"rtt_{stat}", rtt[stat])
                 rtt_events = profile.rtt_samples + profile.rtt_warmup
