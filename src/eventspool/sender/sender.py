@@ -55,11 +55,13 @@ from eventspool.spool.segments import SegmentedQueue
 
 log = logging.getLogger(__name__)
 
-# A round that found nothing to send waits in poll(): briefly while traffic is recent (a
-# new event waits at most that long before it is produced), longer once it has stopped.
+# A round that found less than a full batch to send waits in poll(): briefly while
+# traffic is recent (a new event waits at most that long before it is produced), longer
+# once it has stopped (`Sender._poll_timeout`).
 _BUSY_POLL_S = 0.001
 _IDLE_POLL_S = 0.01
 _BUSY_FOR_S = 0.2
+_SMALL_ROUND = 64  # events a round produced below which the next one waits
 _UNKNOWN_TOPIC_RETRY_S = 1.0
 _READ_BATCH_BYTES = 1 << 20
 _WATCH_INTERVAL_S = 0.5
@@ -174,10 +176,17 @@ class Sender:
                 self._stop.wait(self._settings.retry_backoff_s)
 
     def _poll_timeout(self, produced: int) -> float:
+        """How long to wait for delivery reports before the next round: none after a
+        round of `_SMALL_ROUND` events or more (more is likely waiting), `_BUSY_POLL_S`
+        after a smaller one, as librdkafka lingers `linger_ms` (5) before it sends them
+        anyway. A sender that went round again at once held the interpreter lock for a
+        round per event or two, and the agent's listener waited for it before each
+        answer: one caller's round trip took 45-57 us at p50, 17-23 us with the wait (the
+        C echo's 10-13 us, on a 2-core VM, in alternating blocks)."""
         now = self._clock.monotonic()
         if produced:
             self._produced_at = now
-            return 0.0
+            return 0.0 if produced >= _SMALL_ROUND else _BUSY_POLL_S
         return _BUSY_POLL_S if now - self._produced_at < _BUSY_FOR_S else _IDLE_POLL_S
 
     def _watch(self) -> None:
