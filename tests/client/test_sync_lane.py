@@ -88,6 +88,26 @@ def _in_threads(client: Client, topics: tuple[str, ...]) -> dict[bytes, str | Ba
     return outcomes
 
 
+def _answer_then(path: Path, count: int, last: bytes | None) -> None:
+    """A peer that answers `count` SENDs with their event_ids, then hangs up (`last`
+    None) or sends `last` and reads on until the client hangs up."""
+    answer, sends, _refused = _answer_ids()
+    listener = listening(path)
+
+    def serve() -> None:
+        with listener, listener.accept()[0] as peer:
+            decoder = FrameDecoder()
+            while len(sends) < count and (data := peer.recv(65536)):
+                for frame in decoder.feed(data)[: count - len(sends)]:
+                    peer.sendall(b"".join(answer(frame)))
+            if last is not None:
+                peer.sendall(last)
+                while peer.recv(65536):
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+
+
 @pytest.mark.parametrize("topics", [("t",), ("a", "b", "c")])
 def test_threads_each_get_their_own_event_id(tmp_path: Path, topics: tuple[str, ...]) -> None:
     answer, sends, _refused = _answer_ids()
@@ -161,17 +181,7 @@ def test_an_agent_that_hangs_up_fails_every_call_in_words(tmp_path: Path) -> Non
     """It answers three SENDs, then closes the connection (and listens no more): the
     calls in flight fail with the connection, the later ones cannot connect; none is
     left waiting."""
-    answer, sends, _refused = _answer_ids()
-    listener = listening(tmp_path / "a.sock")
-
-    def serve() -> None:
-        with listener, listener.accept()[0] as peer:
-            decoder = FrameDecoder()
-            while len(sends) < 3 and (data := peer.recv(65536)):
-                for frame in decoder.feed(data)[: 3 - len(sends)]:
-                    peer.sendall(b"".join(answer(frame)))
-
-    threading.Thread(target=serve, daemon=True).start()
+    _answer_then(tmp_path / "a.sock", 3, None)
     with Client(tmp_path / "a.sock", timeout=1.0, reconnect_backoff_s=0.01) as client:
         outcomes = _in_threads(client, ("t",))
     answered = [o for o in outcomes.values() if isinstance(o, str)]
@@ -188,20 +198,7 @@ def test_a_frame_too_large_ends_the_connection_and_fails_the_calls_in_words(
 ) -> None:
     """It answers two SENDs, then sends a length no frame has and stops: the compiled
     reader hands that to the decoder, which words the fault; the calls fail with it."""
-    answer, sends, _refused = _answer_ids()
-    listener = listening(tmp_path / "a.sock")
-
-    def serve() -> None:
-        with listener, listener.accept()[0] as peer:
-            decoder = FrameDecoder()
-            while len(sends) < 2 and (data := peer.recv(65536)):
-                for frame in decoder.feed(data)[: 2 - len(sends)]:
-                    peer.sendall(b"".join(answer(frame)))
-            peer.sendall(b"\xff\xff\xff\xf0" + encode_frame(FrameType.PONG, 1, b""))
-            while peer.recv(65536):  # until the client hangs up
-                pass
-
-    threading.Thread(target=serve, daemon=True).start()
+    _answer_then(tmp_path / "a.sock", 2, b"\xff\xff\xff\xf0" + encode_frame(FrameType.PONG, 1, b""))
     with Client(tmp_path / "a.sock", timeout=1.0, reconnect_backoff_s=0.01) as client:
         outcomes = _in_threads(client, ("t",))
     failed = [o for o in outcomes.values() if isinstance(o, AgentError)]

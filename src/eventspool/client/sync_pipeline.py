@@ -416,13 +416,11 @@ class Pipeline(PipelineCore):
         connection.reader_ident = None
         with self._lock:
             connection.reading = False
-            if connection.awaiting() and not connection.closed:
-                self._wake_reader(connection)
         if reason:
             self._drop(connection, reason)
         self._flush()
-        # What that wrote may be all its callers wait on, each not reading as this
-        # reader was: somebody reads it.
+        # What is still due, and what that wrote, which may be all its callers wait on,
+        # each not reading as this reader was: somebody reads it.
         with self._lock:
             if not (connection.reading or connection.closed) and connection.awaiting():
                 self._wake_reader(connection)
