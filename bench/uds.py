@@ -63,7 +63,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TypeAlias
@@ -74,7 +74,7 @@ from eventspool._core.native import AckTracker, Deliveries, encode_wire_event
 from eventspool.broker import create_topic
 from eventspool.broker.local import find_free_port
 from eventspool.client.sync import Client
-from eventspool.config import MIB, QueueSettings, SpoolSettings
+from eventspool.config import DEFAULT_BUSY_POLL_US, MIB, QueueSettings, SpoolSettings
 from eventspool.errors import EventspoolError
 from eventspool.pipeline import Spool
 from eventspool.sender.producer import KafkaHeaders
@@ -87,7 +87,7 @@ from harness.agent import configured_agent, start_agent
 from harness.bare_client import BareClient
 from harness.child import Child, child_arguments
 from harness.cli import BenchArgs, bench_main
-from harness.cpu import process_cpu_s
+from harness.cpu import process_cpu_s, process_run_s
 from harness.echo import EchoServer, connected, round_trip
 from harness.figures import figure
 from harness.output import progress
@@ -414,39 +414,54 @@ def shipping_main(bootstrap: str) -> int:
     return 0
 
 
-RTT_BLOCK = 100  # samples of one side before the other's, in `paired_round_trips_us`
+RTT_BLOCK = 100  # samples of one side before the other's, in `paired_round_trips`
 
 
-def paired_round_trips_us(
+@dataclass(slots=True)
+class RoundTrips:
+    """One side of `paired_round_trips`: its latencies, and the CPU seconds its caller's
+    thread and its server's process spent in its blocks (busy polling spends some on
+    both sides)."""
+
+    samples: list[int] = field(default_factory=list)
+    caller_cpu_s: float = 0.0
+    server_cpu_s: float = 0.0
+
+    def cpu_us_per_round_trip(self) -> tuple[float, float]:
+        """(caller, server) CPU microseconds per round trip."""
+        count = len(self.samples)
+        return self.caller_cpu_s * 1e6 / count, self.server_cpu_s * 1e6 / count
+
+
+def paired_round_trips(
     ours: Callable[[], object],
     anchor: Callable[[], object],
     profile: Profile,
-    server_pid: int,
-) -> tuple[dict[str, float], dict[str, float], float]:
-    """`round_trips_us` of both, their samples taken in alternating blocks of RTT_BLOCK,
-    so that a machine whose speed changes within seconds changes it for both; and the
-    CPU seconds of process `server_pid` during our blocks (its warm-up's too)."""
+    server_pids: tuple[int, int],
+) -> tuple[RoundTrips, RoundTrips]:
+    """Sequential exchanges of both, after untimed warm-up ones, their samples taken in
+    alternating blocks of RTT_BLOCK, so that a machine whose speed changes within seconds
+    changes it for both."""
     clock = time.perf_counter_ns
-    cpu = process_cpu_s(server_pid)
-    for _ in range(profile.rtt_warmup):
-        ours()
-    server_cpu_s = process_cpu_s(server_pid) - cpu
-    for _ in range(profile.rtt_warmup):
-        anchor()
-    samples: dict[bool, list[int]] = {True: [], False: []}
+    for exchange in (ours, anchor):
+        for _ in range(profile.rtt_warmup):
+            exchange()
+    sides = (RoundTrips(), RoundTrips())
     for block in range(-(-profile.rtt_samples // RTT_BLOCK)):
-        for is_ours in (True, False) if block % 2 == 0 else (False, True):
-            exchange = ours if is_ours else anchor
-            out = samples[is_ours]
+        for side in (0, 1) if block % 2 == 0 else (1, 0):
+            exchange = (ours, anchor)[side]
+            found = sides[side]
+            out = found.samples
             count = min(RTT_BLOCK, profile.rtt_samples - len(out))
-            cpu = process_cpu_s(server_pid)
+            server_before = process_run_s(server_pids[side])
+            caller_before = time.thread_time()
             for _ in range(count):
                 t0 = clock()
                 exchange()
                 out.append(clock() - t0)
-            if is_ours:
-                server_cpu_s += process_cpu_s(server_pid) - cpu
-    return latency_summary_us(samples[True]), latency_summary_us(samples[False]), server_cpu_s
+            found.caller_cpu_s += time.thread_time() - caller_before
+            found.server_cpu_s += process_run_s(server_pids[side]) - server_before
+    return sides
 
 
 def round_trips_us(exchange: Callable[[], object], profile: Profile) -> dict[str, float]:
@@ -747,17 +762,20 @@ def run(args: BenchArgs) -> dict[str, object]:
                 producer_us = producer_cpu_us_per_event(bootstrap, profile.producer_events)
                 runs.add("producer_cpu_us_per_event", producer_us)
                 runs.add("echo_rtt_p50_us", python_echo_rtt_us(profile))
-                rtt, floor, rtt_cpu_s = paired_round_trips_us(
+                ours_rtt, echo_rtt = paired_round_trips(
                     partial(single.send, TOPIC, VALUE),
                     partial(round_trip, echo_caller, VALUE),
                     profile,
-                    agent.pid,
+                    (agent.pid, echo.pid),
                 )
+                rtt, floor = (latency_summary_us(side.samples) for side in (ours_rtt, echo_rtt))
                 runs.add("c_echo_rtt_p50_us", floor["p50_us"])
                 for stat in ("p50_us", "p99_us", "p999_us", "max_us"):
                     runs.add(f"rtt_{stat}", rtt[stat])
-                rtt_events = profile.rtt_samples + profile.rtt_warmup
-                runs.add("rtt_server_cpu_us_per_event", rtt_cpu_s * 1e6 / rtt_events)
+                for prefix, trips in (("rtt", ours_rtt), ("c_echo_rtt", echo_rtt)):
+                    caller_us, server_us = trips.cpu_us_per_round_trip()
+                    runs.add(f"{prefix}_caller_cpu_us_per_event", caller_us)
+                    runs.add(f"{prefix}_server_cpu_us_per_event", server_us)
                 settle(agent)
                 add_pass(runs, "anchor", anchor_pass(anchor, profile.pass_seconds), None)
                 summary = f"p50 {rtt['p50_us']:.0f} us p99 {rtt['p99_us']:.0f} us"
@@ -934,6 +952,17 @@ def build_result(
         "echo_server_cpu_us_per_event": round(echo_cpu, 2),
         "producer_cpu_us_per_event": round(m["producer_cpu_us_per_event"], 2),
         "socket_echo_rtt_p50_us": round(m["echo_rtt_p50_us"], 1),
+        # CPU per round trip on each side of the two timed in alternating blocks (busy
+        # polling, on by default on both sides of ours, spends some on each).
+        "rtt_cpu_us_per_round_trip": {
+            name: round(m[key], 2)
+            for name, key in (
+                ("caller", "rtt_caller_cpu_us_per_event"),
+                ("agent", "rtt_server_cpu_us_per_event"),
+                ("echo_caller", "c_echo_rtt_caller_cpu_us_per_event"),
+                ("echo_server", "c_echo_rtt_server_cpu_us_per_event"),
+            )
+        },
         "instructions_per_blocking_event": counts,
         "rate_tcp_async_plaintext": round(m["tcp_async_plain_rate"]),
         "rate_tcp_async_tls": round(m["tcp_async_tls_rate"]),
@@ -949,6 +978,7 @@ def build_result(
             "access_rules": ACCESS_RULES,
             "allowed_topics_patterns": ALLOWED_PATTERNS,
             "anchor_ring_bytes": CAPACITY_BYTES,
+            "busy_poll_us": DEFAULT_BUSY_POLL_US,
         },
         # every repetition's values: rates, errors, CPU per event of the server and clients
         "runs": runs.listed(),

@@ -103,6 +103,19 @@ class SpoolSettings:
         return self.topics.get(topic, self.queue)
 
 
+#: How long a blocking round trip's waits on the agent's socket keep trying before they
+#: block, on the client's side and on the agent's (`_core/busy_poll.pxi`); 0 turns it off.
+DEFAULT_BUSY_POLL_US = 50.0
+MAX_BUSY_POLL_US = 10_000.0
+
+
+def busy_poll_problem(microseconds: float) -> str | None:
+    """What is wrong with `microseconds` as a busy_poll_us, or None."""
+    if not 0 <= microseconds <= MAX_BUSY_POLL_US:
+        return f"must be from 0 to {MAX_BUSY_POLL_US:g} microseconds"
+    return None
+
+
 _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 MAX_TOPIC_LENGTH = 249
 

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,6 +64,7 @@ class _Listening:
     spool: Spool
     intake: UnixIntake
     counters: _Counters
+    thread: threading.Thread
     handed: list[_Handed] = field(default_factory=list)
     failures: list[tuple[str, BaseException]] = field(default_factory=list)
 
@@ -80,7 +82,9 @@ class _Listening:
 
 
 @contextmanager
-def _listening(directory: Path, frame_timeout_s: float = 30.0) -> Iterator[_Listening]:
+def _listening(
+    directory: Path, frame_timeout_s: float = 30.0, busy_poll_s: float = 50e-6
+) -> Iterator[_Listening]:
     spool = Spool(directory / "spool", settings=SETTINGS)
     spool.set_partition_count(TOPIC, 2)
     counters = _Counters()
@@ -116,10 +120,11 @@ def _listening(directory: Path, frame_timeout_s: float = 30.0) -> Iterator[_List
         lambda fd, first, unsent, answered: handed.append(_Handed(fd, first, unsent, answered)),
         counters,
         lambda what, exc: failures.append((what, exc)),
+        busy_poll_s,
     )
     thread = threading.Thread(target=intake.run)
     thread.start()
-    listening = _Listening(path, spool, intake, counters, handed, failures)
+    listening = _Listening(path, spool, intake, counters, thread, handed, failures)
     try:
         yield listening
     finally:
@@ -133,8 +138,11 @@ def _listening(directory: Path, frame_timeout_s: float = 30.0) -> Iterator[_List
     assert failures == []
 
 
-def test_sends_and_pings_are_answered_and_spooled_under_their_ids(tmp_path: Path) -> None:
-    with _listening(tmp_path) as listening, listening.connect() as sock:
+@pytest.mark.parametrize("busy_poll_s", [0.0, 50e-6])
+def test_sends_and_pings_are_answered_and_spooled_under_their_ids(
+    tmp_path: Path, busy_poll_s: float
+) -> None:
+    with _listening(tmp_path, busy_poll_s=busy_poll_s) as listening, listening.connect() as sock:
         answered: list[tuple[str, tuple[bytes | None, bytes]]] = []
         for request_id in range(1, 51):
             key = None if request_id % 3 else b"k%d" % request_id
@@ -152,6 +160,26 @@ def test_sends_and_pings_are_answered_and_spooled_under_their_ids(tmp_path: Path
         assert [in_rings[event_id] for event_id, _ in answered] == [e for _, e in answered]
         assert listening.counters.requests == 50
         assert listening.intake.connections == 1
+
+
+def _thread_cpu_s(thread: threading.Thread) -> float:
+    """User and system time the kernel counted for `thread`."""
+    fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_busy_polling_listener_goes_quiet_when_its_clients_do(tmp_path: Path) -> None:
+    """Busy polling (busy_poll.pxi) spins only while requests follow each other closely:
+    once they stop, the listener's thread blocks and takes no CPU. Its longest budget
+    makes a spin that never ends, or backs off nothing, plain within the idle second."""
+    with _listening(tmp_path, busy_poll_s=0.01) as listening, listening.connect() as sock:
+        for request_id in range(1, 201):
+            sock.sendall(encode_frame(FrameType.PING, request_id, b""))
+            read_frames(sock, 1)
+        time.sleep(0.1)  # the last spin runs out
+        before = _thread_cpu_s(listening.thread)
+        time.sleep(1.0)
+        assert _thread_cpu_s(listening.thread) - before < 0.1
 
 
 def test_a_frame_in_pieces_is_answered_once_whole(tmp_path: Path) -> None:

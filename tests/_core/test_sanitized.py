@@ -53,6 +53,7 @@ CORE_TESTS = (
     "tests/client/test_sync_in_person.py",
     "tests/client/test_sync_answers.py",
     "tests/client/test_sync_lane.py",
+    "tests/client/test_busy_poll.py",
 )
 
 # A line of any sanitizer report: ASan's "ERROR: AddressSanitizer: ..." and SUMMARY lines,

@@ -366,6 +366,8 @@ def test_settings_value_errors_name_our_key(tmp_path: Path) -> None:
     assert "topics.orders.block_timeout_s = inf: must be finite and not negative" in str(error)
     error = error_of(tmp_path, "[agent]\nframe_timeout_s = inf\n")
     assert "agent.frame_timeout_s = inf: must be positive and finite" in str(error)
+    error = error_of(tmp_path, "[agent]\nbusy_poll_us = -1\n")
+    assert "agent.busy_poll_us = -1.0: must be from 0 to 10000 microseconds" in str(error)
     error = error_of(tmp_path, "[spool]\nsticky_batch_bytes = 0\n")
     assert "spool.sticky_batch_bytes = 0: must be positive" in str(error)
 

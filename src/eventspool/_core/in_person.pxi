@@ -582,6 +582,9 @@ cdef class PipelineCore:
     # Queued `send()` calls that the writer frames and writes in C (queued_calls.pxi);
     # made on its first use.
     cdef Lane *_lane
+    # How a lone call's read tries before it blocks (busy_poll.pxi): only the caller that
+    # holds the writer and reader roles touches it.
+    cdef BusyPoll _busy_poll
 
     def __init__(
         self,
@@ -590,6 +593,7 @@ cdef class PipelineCore:
         Py_ssize_t max_batch,
         double reconnect_backoff_s,
         Py_ssize_t max_frame_bytes,
+        double busy_poll_s,
     ) -> None:
         """`target`: the client's parsed `Target`. Compiled, with the fields in C, as a
         short-lived client makes a pipeline per call."""
@@ -599,6 +603,7 @@ cdef class PipelineCore:
         self.max_batch = max_batch
         self.reconnect_backoff_s = reconnect_backoff_s
         self.max_frame_bytes = max_frame_bytes
+        _busy_poll_set(&self._busy_poll, busy_poll_s)
         self._lock = CoreLock()
         # Appended to by callers and emptied by the writer without a lock: deque
         # operations are atomic, and the writer role is a try-lock, so callers never
@@ -615,6 +620,19 @@ cdef class PipelineCore:
 
     def _next_id(self) -> int:
         return self._new_id()
+
+    @property
+    def busy_poll_s(self) -> float:
+        return self._busy_poll.budget_s
+
+    @busy_poll_s.setter
+    def busy_poll_s(self, double value) -> None:
+        _busy_poll_set(&self._busy_poll, value)
+
+    @property
+    def _busy_poll_skip(self) -> int:
+        """Lone calls left that block at once: for the tests of the backoff."""
+        return self._busy_poll.skip
 
     def has_queued(self) -> bool:
         """Whether requests wait to be written."""
@@ -1036,7 +1054,7 @@ cdef class PipelineCore:
         error = None
         try:
             kind, value = _call_alone(
-                connection.fd, request_id, event._topic, event._payload
+                connection.fd, request_id, event._topic, event._payload, &self._busy_poll
             )
         except (ValueError, OSError) as exc:  # a size no frame carries; a broken socket
             kind, value, error = CALL_READ, b"", exc

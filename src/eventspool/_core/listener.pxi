@@ -116,6 +116,7 @@ cdef class UnixIntake:
     cdef bint listening
     cdef double next_deadline  # the earliest a silent or partial connection times out
     cdef double accept_again  # when accepting resumes after running out of descriptors
+    cdef BusyPoll busy_poll  # how a wait for the sockets tries before it blocks
 
     def __cinit__(self, *args, **kwargs):
         self.epoll_fd = -1
@@ -133,17 +134,20 @@ cdef class UnixIntake:
         hand_over,
         counters,
         failed,
+        double busy_poll_s,
     ):
         """`listen_fd` stays the caller's to close; `learn`, `fallback` and `inline` are
         those of `intake_frames`; `counters` gets `requests` and `protocol_errors` added
         to; `failed(what, exc)` reports what went wrong with one connection or with
-        accepting (the listener goes on)."""
+        accepting (the listener goes on). A wait for the sockets busy-polls for
+        `busy_poll_s` (busy_poll.pxi) before it blocks."""
         if self.epoll_fd >= 0:
             raise RuntimeError("UnixIntake is initialised once")
         self.listen_fd = listen_fd
         self.front = front
         self.max_frame = max_frame
         self.frame_timeout_s = frame_timeout_s
+        _busy_poll_set(&self.busy_poll, busy_poll_s)
         self.never_waiting = _NeverWaiting(inline, learn)
         self.fallback = fallback
         self.hand_over = hand_over
@@ -193,7 +197,7 @@ cdef class UnixIntake:
             while not self.stopping:
                 timeout_ms = self._timeout_ms()
                 with nogil:
-                    ready = epoll_wait(self.epoll_fd, events, LISTENER_EVENTS, timeout_ms)
+                    ready = self._wait(events, timeout_ms)
                     if ready < 0:
                         error = errno
                 if ready < 0:
@@ -216,6 +220,22 @@ cdef class UnixIntake:
                 except Exception as exc:
                     self._close(peer)
                     self._report("closing a connection", exc)
+
+    cdef int _wait(self, epoll_event *events, int timeout_ms) noexcept nogil:
+        """epoll_wait for up to `timeout_ms`, tried without waiting first while
+        `busy_poll` keeps trying."""
+        cdef int ready
+        cdef double until = _busy_poll_start(&self.busy_poll) if timeout_ms != 0 else 0
+        if until:
+            while True:
+                ready = epoll_wait(self.epoll_fd, events, LISTENER_EVENTS, 0)
+                if ready > 0:
+                    _busy_poll_met(&self.busy_poll)
+                if ready != 0 or not _busy_poll_again(&self.busy_poll, until):
+                    break
+            if ready != 0:
+                return ready
+        return epoll_wait(self.epoll_fd, events, LISTENER_EVENTS, timeout_ms)
 
     cdef int _ready(self, uint64_t tag) except -1:
         """Serve what epoll found ready: its tag is a peer itself (no lookup by

@@ -38,11 +38,13 @@ from eventspool.agent.config_loader import (
 from eventspool.agent.config_tables import access_rule, exchanges, kafka_config, topic_quotas
 from eventspool.agent.tls import TlsFileError, TlsSettings, server_context
 from eventspool.config import (
+    DEFAULT_BUSY_POLL_US,
     Durability,
     FullPolicy,
     QueueSettings,
     SenderSettings,
     SpoolSettings,
+    busy_poll_problem,
 )
 from eventspool.routing.exchanges import Exchange
 
@@ -68,6 +70,7 @@ class AgentConfig:
     http: bool = True  # HTTP/1.1 JSON interface on the same socket
     frame_timeout_s: float = 30.0  # a frame or HTTP request slower than this closes its connection
     shutdown_timeout_s: float = 10.0  # how long SIGTERM waits for in-flight acknowledgements
+    busy_poll_us: float = DEFAULT_BUSY_POLL_US  # the unix listener's wait tries this long
     quota_client_bytes_per_s: int | None = None
     quota_topic_bytes_per_s: Mapping[str, int] = field(default_factory=dict)
     spool: SpoolSettings = field(default_factory=SpoolSettings)
@@ -129,6 +132,13 @@ AGENT = Section(
             "how long SIGTERM waits for in-flight acknowledgements",
             default=default_of(AgentConfig, "shutdown_timeout_s"),
             checks=(positive_finite,),
+        ),
+        Setting(
+            "busy_poll_us",
+            "float",
+            "how long the unix listener's wait for its clients keeps trying before it blocks",
+            default=default_of(AgentConfig, "busy_poll_us"),
+            checks=(busy_poll_problem,),
         ),
         Setting("allowed_topics", "patterns", "glob patterns of the topics served; all if unset"),
         Setting(
@@ -337,6 +347,7 @@ def _assemble(loader: SettingsLoader, tables: Mapping[str, Any]) -> AgentConfig:
         http=agent["http"],
         frame_timeout_s=agent["frame_timeout_s"],
         shutdown_timeout_s=agent["shutdown_timeout_s"],
+        busy_poll_us=agent["busy_poll_us"],
         quota_client_bytes_per_s=quotas.get("client_bytes_per_s"),
         quota_topic_bytes_per_s=topic_quotas(loader, tables["quotas"].get("topics", {})),
         spool=spool,

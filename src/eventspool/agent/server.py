@@ -29,6 +29,7 @@ from eventspool.agent.http import HttpHandlers, serve_http
 from eventspool.agent.quotas import Quotas
 from eventspool.agent.spooling import RequestSpooler
 from eventspool.agent.unix_listener import UnixListener
+from eventspool.config import DEFAULT_BUSY_POLL_US
 from eventspool.metrics import render
 from eventspool.pipeline import Spool
 from eventspool.routing.exchanges import Exchange
@@ -64,6 +65,7 @@ class AgentServer:
         socket_mode: int = 0o660,
         max_frame: int = DEFAULT_MAX_FRAME,
         frame_timeout_s: float = 30.0,
+        busy_poll_us: float = DEFAULT_BUSY_POLL_US,
         quotas: Quotas | None = None,
         tcp_listen: tuple[str, int] | None = None,
         tls: ssl.SSLContext | None = None,
@@ -75,6 +77,7 @@ class AgentServer:
         self.socket_mode = socket_mode
         self.max_frame = max_frame
         self.frame_timeout_s = frame_timeout_s
+        self.busy_poll_us = busy_poll_us
         self.executor = ThreadPoolExecutor(_SEND_THREADS, thread_name_prefix="eventspool-send")
         self.quotas = quotas or Quotas(None, {})
         self.allow = allow or AllowList(None, None)

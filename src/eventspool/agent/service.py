@@ -69,6 +69,7 @@ async def serve(config: AgentConfig, spool: Spool, adopted: Sequence[Path] = ())
         socket_mode=config.socket_mode,
         max_frame=config.max_frame_bytes,
         frame_timeout_s=config.frame_timeout_s,
+        busy_poll_us=config.busy_poll_us,
         quotas=Quotas(config.quota_client_bytes_per_s, config.quota_topic_bytes_per_s),
         tcp_listen=_host_port(config.tcp_listen) if config.tcp_listen else None,
         tls=tls,

@@ -47,6 +47,7 @@ class UnixListener:
             self._hand_over,
             server.counters,
             self._failed,
+            server.busy_poll_us * 1e-6,
         )
         self.thread = threading.Thread(target=self._run, name="eventspool-unix-intake", daemon=True)
         self.stopping = False

@@ -32,6 +32,7 @@ from eventspool._core.native import ClientCore
 from eventspool.client.common import parse_target, routed_event_payload
 from eventspool.client.sync_pipeline import Pipeline
 from eventspool.client.sync_requests import Control, Outstanding, Reply, Waiting
+from eventspool.config import DEFAULT_BUSY_POLL_US, busy_poll_problem
 from eventspool.envelope import HeadersInput
 from eventspool.errors import AgentError, EventspoolError
 from eventspool.wire.checks import BatchEvent, Outcome, event_payload, split_batch_event
@@ -57,6 +58,13 @@ def _checked_payload(  # noqa: PLR0917  # send()'s own parameters, in its order
     )
 
 
+def _busy_poll_s(microseconds: float) -> float:
+    problem = busy_poll_problem(microseconds)
+    if problem:
+        raise ValueError(f"busy_poll_us={microseconds}: {problem}")
+    return microseconds * 1e-6
+
+
 class Client(ClientCore):
     """A connection to the local agent shared by every thread of a process.
 
@@ -80,11 +88,13 @@ class Client(ClientCore):
         max_frame_bytes: int = DEFAULT_MAX_FRAME,
         ssl_context: ssl.SSLContext | None = None,
         token: str | None = None,
+        busy_poll_us: float = DEFAULT_BUSY_POLL_US,
     ) -> None:
         """`target`: the agent's unix socket path, or "tcp://host:port" for its TCP
         listener; there `ssl_context` turns TLS on (with a client certificate loaded into
         it where the agent asks for one) and `token` is presented to an agent that takes
-        tokens."""
+        tokens. A `send()` alone on the connection waits for its answer trying for
+        `busy_poll_us` before it blocks (0: blocks at once): see docs/client.md."""
         if timeout <= 0:
             raise ValueError(f"timeout={timeout}: must be positive")
         if max_batch < 1:
@@ -97,7 +107,14 @@ class Client(ClientCore):
         self._outstanding = Outstanding()
         # Positionally: a short-lived client makes one per call, and keywords cost the
         # compiled constructor a dict.
-        self._pipeline = Pipeline(parsed, timeout, max_batch, reconnect_backoff_s, max_frame_bytes)
+        self._pipeline = Pipeline(
+            parsed,
+            timeout,
+            max_batch,
+            reconnect_backoff_s,
+            max_frame_bytes,
+            _busy_poll_s(busy_poll_us),
+        )
 
     # The pipeline reads these on every use: set on the client, they take effect there.
 
@@ -124,6 +141,14 @@ class Client(ClientCore):
     @max_frame_bytes.setter
     def max_frame_bytes(self, value: int) -> None:
         self._pipeline.max_frame_bytes = value
+
+    @property
+    def busy_poll_us(self) -> float:
+        return self._pipeline.busy_poll_s * 1e6
+
+    @busy_poll_us.setter
+    def busy_poll_us(self, value: float) -> None:
+        self._pipeline.busy_poll_s = _busy_poll_s(value)
 
     @property
     def reconnect_backoff_s(self) -> float:

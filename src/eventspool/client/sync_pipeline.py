@@ -92,7 +92,7 @@ class Pipeline(PipelineCore):
     `send()` alone on the connection runs through the compiled `PipelineCore.call`)."""
 
     # Made by PipelineCore.__init__(target, timeout, max_batch, reconnect_backoff_s,
-    # max_frame_bytes); typed here as this layer knows them.
+    # max_frame_bytes, busy_poll_s); typed here as this layer knows them.
     _target: Target
     _pending: deque[Event | Control]
     _connection: Connection | None
