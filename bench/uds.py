@@ -774,8 +774,8 @@ def run(args: BenchArgs) -> dict[str, object]:
                     runs.add(f"rtt_{stat}", rtt[stat])
                 for prefix, trips in (("rtt", ours_rtt), ("c_echo_rtt", echo_rtt)):
                     caller_us, server_us = trips.cpu_us_per_round_trip()
-                    runs.add(f"{prefix}_caller_cpu_us_per_event", caller_us)
-                    runs.add(f"{prefix}_server_cpu_us_per_event", server_us)
+                    runs.add(f"{prefix}_caller_cpu_us_per_round_trip", caller_us)
+                    runs.add(f"{prefix}_server_cpu_us_per_round_trip", server_us)
                 settle(agent)
                 add_pass(runs, "anchor", anchor_pass(anchor, profile.pass_seconds), None)
                 summary = f"p50 {rtt['p50_us']:.0f} us p99 {rtt['p99_us']:.0f} us"
@@ -957,10 +957,10 @@ def build_result(
         "rtt_cpu_us_per_round_trip": {
             name: round(m[key], 2)
             for name, key in (
-                ("caller", "rtt_caller_cpu_us_per_event"),
-                ("agent", "rtt_server_cpu_us_per_event"),
-                ("echo_caller", "c_echo_rtt_caller_cpu_us_per_event"),
-                ("echo_server", "c_echo_rtt_server_cpu_us_per_event"),
+                ("caller", "rtt_caller_cpu_us_per_round_trip"),
+                ("agent", "rtt_server_cpu_us_per_round_trip"),
+                ("echo_caller", "c_echo_rtt_caller_cpu_us_per_round_trip"),
+                ("echo_server", "c_echo_rtt_server_cpu_us_per_round_trip"),
             )
         },
         "instructions_per_blocking_event": counts,

@@ -9,7 +9,8 @@
 # trying for the next few microseconds meets the answer or the next request itself.
 # Each try yields the CPU to whatever else is runnable there, so a spin takes no time
 # from callers on a loaded machine; and a spin that meets nothing backs the next ones
-# off, so a quiet connection costs nothing.
+# off, so a quiet connection costs nothing. A wait's timeout counts from when it blocks:
+# it may end up to one budget later.
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
@@ -51,8 +52,7 @@ cdef inline bint _busy_poll_again(BusyPoll *poll, double until) noexcept nogil:
     return False
 
 
-
-cdef inline void _busy_poll_set(BusyPoll *poll, double budget_s) noexcept:
+cdef inline void _busy_poll_set(BusyPoll *poll, double budget_s) noexcept nogil:
     """A new budget (the Python side checked it), with no backoff."""
     poll.budget_s = budget_s
     poll.skip = 0

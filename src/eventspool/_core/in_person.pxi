@@ -582,8 +582,8 @@ cdef class PipelineCore:
     # Queued `send()` calls that the writer frames and writes in C (queued_calls.pxi);
     # made on its first use.
     cdef Lane *_lane
-    # How a lone call's read tries before it blocks (busy_poll.pxi): only the caller that
-    # holds the writer and reader roles touches it.
+    # How a lone call's read tries before it blocks (busy_poll.pxi): only the holder of
+    # the writer role touches it (`_call_alone` runs under it; so does the setter).
     cdef BusyPoll _busy_poll
 
     def __init__(
@@ -627,7 +627,9 @@ cdef class PipelineCore:
 
     @busy_poll_s.setter
     def busy_poll_s(self, double value) -> None:
+        self._writer.take()
         _busy_poll_set(&self._busy_poll, value)
+        self._writer.give()
 
     @property
     def _busy_poll_skip(self) -> int:

@@ -326,7 +326,9 @@ cdef Py_ssize_t _polled_recv(int fd, char *into, Py_ssize_t room, BusyPoll *poll
             if got >= 0:
                 _busy_poll_met(poll)
                 return got
-            if errno != EAGAIN or not _busy_poll_again(poll, until):
+            if errno != EAGAIN:
+                return got  # its error is the socket's to report, read once
+            if not _busy_poll_again(poll, until):
                 break
     return _socket_recv(fd, into, room, 0)
 

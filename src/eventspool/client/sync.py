@@ -59,6 +59,7 @@ def _checked_payload(  # noqa: PLR0917  # send()'s own parameters, in its order
 
 
 def _busy_poll_s(microseconds: float) -> float:
+    """The pipeline's budget in seconds; a ValueError in the client's words."""
     problem = busy_poll_problem(microseconds)
     if problem:
         raise ValueError(f"busy_poll_us={microseconds}: {problem}")
@@ -94,7 +95,8 @@ class Client(ClientCore):
         listener; there `ssl_context` turns TLS on (with a client certificate loaded into
         it where the agent asks for one) and `token` is presented to an agent that takes
         tokens. A `send()` alone on the connection waits for its answer trying for
-        `busy_poll_us` before it blocks (0: blocks at once): see docs/client.md."""
+        `busy_poll_us` before it blocks (0: blocks at once), as the README's agent
+        section tells."""
         if timeout <= 0:
             raise ValueError(f"timeout={timeout}: must be positive")
         if max_batch < 1:
