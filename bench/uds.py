@@ -88,7 +88,7 @@ from harness.bare_client import BareClient
 from harness.child import Child, child_arguments
 from harness.cli import BenchArgs, bench_main
 from harness.cpu import process_cpu_s, process_run_s
-from harness.echo import EchoServer, connected, round_trip
+from harness.echo import EchoServer, connected, polled_round_trip, round_trip
 from harness.figures import figure
 from harness.output import progress
 from harness.producer import sender_producer_config
@@ -414,15 +414,17 @@ def shipping_main(bootstrap: str) -> int:
     return 0
 
 
-RTT_BLOCK = 100  # samples of one side before the other's, in `paired_round_trips`
+RTT_BLOCK = 100  # samples of one side before the next one's, in `interleaved_round_trips`
 
 
 @dataclass(slots=True)
 class RoundTrips:
-    """One side of `paired_round_trips`: its latencies, and the CPU seconds its caller's
-    thread and its server's process spent in its blocks (busy polling spends some on
-    both sides)."""
+    """One side of `interleaved_round_trips`: a caller's exchange with its server, its
+    latencies, and the CPU seconds the caller's thread and the server's process spent in
+    its blocks (busy polling spends some on both ends)."""
 
+    exchange: Callable[[], object]
+    server_pid: int
     samples: list[int] = field(default_factory=list)
     caller_cpu_s: float = 0.0
     server_cpu_s: float = 0.0
@@ -433,35 +435,26 @@ class RoundTrips:
         return self.caller_cpu_s * 1e6 / count, self.server_cpu_s * 1e6 / count
 
 
-def paired_round_trips(
-    ours: Callable[[], object],
-    anchor: Callable[[], object],
-    profile: Profile,
-    server_pids: tuple[int, int],
-) -> tuple[RoundTrips, RoundTrips]:
-    """Sequential exchanges of both, after untimed warm-up ones, their samples taken in
-    alternating blocks of RTT_BLOCK, so that a machine whose speed changes within seconds
-    changes it for both."""
+def interleaved_round_trips(sides: Sequence[RoundTrips], profile: Profile) -> None:
+    """Sequential exchanges of each side, after untimed warm-up ones, their samples taken
+    in blocks of RTT_BLOCK in turn (the order reversed every other round), so that a
+    machine whose speed changes within seconds changes it for all of them."""
     clock = time.perf_counter_ns
-    for exchange in (ours, anchor):
+    for side in sides:
         for _ in range(profile.rtt_warmup):
-            exchange()
-    sides = (RoundTrips(), RoundTrips())
+            side.exchange()
     for block in range(-(-profile.rtt_samples // RTT_BLOCK)):
-        for side in (0, 1) if block % 2 == 0 else (1, 0):
-            exchange = (ours, anchor)[side]
-            found = sides[side]
-            out = found.samples
+        for side in sides if block % 2 == 0 else sides[::-1]:
+            exchange, out = side.exchange, side.samples
             count = min(RTT_BLOCK, profile.rtt_samples - len(out))
-            server_before = process_run_s(server_pids[side])
+            server_before = process_run_s(side.server_pid)
             caller_before = time.thread_time()
             for _ in range(count):
                 t0 = clock()
                 exchange()
                 out.append(clock() - t0)
-            found.caller_cpu_s += time.thread_time() - caller_before
-            found.server_cpu_s += process_run_s(server_pids[side]) - server_before
-    return sides
+            side.caller_cpu_s += time.thread_time() - caller_before
+            side.server_cpu_s += process_run_s(side.server_pid) - server_before
 
 
 def round_trips_us(exchange: Callable[[], object], profile: Profile) -> dict[str, float]:
@@ -645,6 +638,9 @@ def run(args: BenchArgs) -> dict[str, object]:
         create_topic(bootstrap, TOPIC, PARTITIONS)
         create_topic(bootstrap, LOAD_TOPIC, PARTITIONS)
         echo = stack.enter_context(contextlib.closing(EchoServer(scratch / "echo")))
+        polled_echo = stack.enter_context(
+            contextlib.closing(EchoServer(scratch / "polled-echo", DEFAULT_BUSY_POLL_US))
+        )
 
         def started(name: str, toml: str) -> AgentProcess:
             agent = start_agent(scratch / name, bootstrap, toml)
@@ -686,6 +682,7 @@ def run(args: BenchArgs) -> dict[str, object]:
         context = pki.client_context()
         encrypted = stack.enter_context(Client(f"tcp://{TCP_HOST}:{tls_port}", ssl_context=context))
         echo_caller = stack.enter_context(connected(echo.socket_path))
+        polled_caller = stack.enter_context(connected(polled_echo.socket_path))
 
         def callers(lane: str) -> Callable[[float], RatePass]:
             at_most = profile.callers_seconds
@@ -762,18 +759,23 @@ def run(args: BenchArgs) -> dict[str, object]:
                 producer_us = producer_cpu_us_per_event(bootstrap, profile.producer_events)
                 runs.add("producer_cpu_us_per_event", producer_us)
                 runs.add("echo_rtt_p50_us", python_echo_rtt_us(profile))
-                ours_rtt, echo_rtt = paired_round_trips(
-                    partial(single.send, TOPIC, VALUE),
-                    partial(round_trip, echo_caller, VALUE),
-                    profile,
-                    (agent.pid, echo.pid),
-                )
-                rtt, floor = (latency_summary_us(side.samples) for side in (ours_rtt, echo_rtt))
-                runs.add("c_echo_rtt_p50_us", floor["p50_us"])
+                trips = {
+                    "rtt": RoundTrips(partial(single.send, TOPIC, VALUE), agent.pid),
+                    "c_echo_rtt": RoundTrips(partial(round_trip, echo_caller, VALUE), echo.pid),
+                    "polled_echo_rtt": RoundTrips(
+                        partial(polled_round_trip, polled_caller, VALUE, DEFAULT_BUSY_POLL_US),
+                        polled_echo.pid,
+                    ),
+                }
+                interleaved_round_trips(list(trips.values()), profile)
+                rtt = latency_summary_us(trips["rtt"].samples)
+                floor = latency_summary_us(trips["c_echo_rtt"].samples)
                 for stat in ("p50_us", "p99_us", "p999_us", "max_us"):
                     runs.add(f"rtt_{stat}", rtt[stat])
-                for prefix, trips in (("rtt", ours_rtt), ("c_echo_rtt", echo_rtt)):
-                    caller_us, server_us = trips.cpu_us_per_round_trip()
+                for prefix, trip in trips.items():
+                    if prefix != "rtt":
+                        runs.add(f"{prefix}_p50_us", latency_summary_us(trip.samples)["p50_us"])
+                    caller_us, server_us = trip.cpu_us_per_round_trip()
                     runs.add(f"{prefix}_caller_cpu_us_per_round_trip", caller_us)
                     runs.add(f"{prefix}_server_cpu_us_per_round_trip", server_us)
                 settle(agent)
@@ -785,7 +787,8 @@ def run(args: BenchArgs) -> dict[str, object]:
                     for lane, names in LANE_FLOORS.items()
                 )
                 progress(
-                    f"rep {rep + 1}: round trip {summary}, C echo {floor['p50_us']:.1f} us, "
+                    f"rep {rep + 1}: round trip {summary}, C echo {floor['p50_us']:.1f} us "
+                    f"({runs.values['polled_echo_rtt_p50_us'][-1]:.1f} busy-polling), "
                     f"bare producer {producer_us:.2f} us of CPU per event; {lanes}"
                 )
         except BaseException:
@@ -861,6 +864,11 @@ def build_result(
     # The figure's ratio where it is ours over the floor; the agent's CPU as it is.
     against_floors = {key: floors[key]["ratio"] for key in floors}
     against_floors["rtt_p50_over_echo"] = safe_ratio(*pair("rtt_p50_us", "c_echo_rtt_p50_us", 2))
+    # The same against the echo whose ends busy-poll too: what the socket costs when neither
+    # end of it blocks.
+    against_floors["rtt_p50_over_polled_echo"] = safe_ratio(
+        *pair("rtt_p50_us", "polled_echo_rtt_p50_us", 2)
+    )
     against_floors["agent_cpu_us_per_event"] = floors["agent_cpu_us_per_event"]["ours"]
     tls_async_ratio = safe_ratio(m["tcp_async_tls_rate"], m["tcp_async_plain_rate"])
     return {
@@ -893,6 +901,15 @@ def build_result(
                 *pair("processes_16_rate", "processes_16_shipping_floor_rate"),
                 title=f"Client.send() through the agent, {callers}",
                 anchor_is=f"this machine's floor for it: {echo}, 100-byte round trips, {shipping}",
+            ),
+            figure(
+                "uds_rtt_p50_vs_polled_c_echo",
+                *pair("rtt_p50_us", "polled_echo_rtt_p50_us", 2),
+                unit="us",
+                title="round trip p50 of one caller's sequential Client.send()",
+                anchor_is="a 100-byte round trip to the C echo server, both ends busy-polling "
+                f"for {DEFAULT_BUSY_POLL_US:g} us before they block, as ours do",
+                higher_is_better=False,
             ),
             rate(
                 "uds_rate_with_access_rules",
@@ -961,6 +978,8 @@ def build_result(
                 ("agent", "rtt_server_cpu_us_per_round_trip"),
                 ("echo_caller", "c_echo_rtt_caller_cpu_us_per_round_trip"),
                 ("echo_server", "c_echo_rtt_server_cpu_us_per_round_trip"),
+                ("polled_echo_caller", "polled_echo_rtt_caller_cpu_us_per_round_trip"),
+                ("polled_echo_server", "polled_echo_rtt_server_cpu_us_per_round_trip"),
             )
         },
         "instructions_per_blocking_event": counts,

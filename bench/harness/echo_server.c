@@ -2,23 +2,50 @@
  * every byte read written straight back. Built by bench/harness/echo.py with the
  * machine's C compiler; nothing here is eventspool's.
  *
- * usage: echo_server PATH    listens on PATH, prints "ready", runs until killed. */
+ * usage: echo_server PATH [BUSY_POLL_US]
+ *   listens on PATH, prints "ready", runs until killed. With BUSY_POLL_US, each wait
+ *   tries epoll without waiting, yielding the CPU between tries, for that many
+ *   microseconds before it blocks: the floor of a round trip whose ends never block. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 static char buffer[262144];
 
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* epoll_wait, tried without waiting for `poll_us` first. */
+static int wait_ready(int loop, struct epoll_event *ready, int size, double poll_us) {
+    if (poll_us > 0) {
+        double until = now_us() + poll_us;
+        for (;;) {
+            int count = epoll_wait(loop, ready, size, 0);
+            if (count != 0) return count;
+            if (now_us() >= until) break;
+            sched_yield();
+        }
+    }
+    return epoll_wait(loop, ready, size, -1);
+}
+
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s PATH\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s PATH [BUSY_POLL_US]\n", argv[0]);
         return 2;
     }
+    double poll_us = argc == 3 ? atof(argv[2]) : 0;
     int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     struct sockaddr_un address = {.sun_family = AF_UNIX};
     strncpy(address.sun_path, argv[1], sizeof address.sun_path - 1);
@@ -34,7 +61,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
     struct epoll_event ready[256];
     for (;;) {
-        int count = epoll_wait(loop, ready, 256, -1);
+        int count = wait_ready(loop, ready, 256, poll_us);
         if (count < 0) {
             if (errno == EINTR) continue;
             perror("epoll_wait");

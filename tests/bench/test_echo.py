@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from contextlib import closing
 from pathlib import Path
 
 import pytest
 
-from harness.echo import EchoServer, connected, have_compiler, round_trip
+from harness.echo import EchoServer, connected, have_compiler, polled_round_trip, round_trip
 
 
 @pytest.mark.skipif(not have_compiler(), reason="no C compiler (cc)")
@@ -17,3 +18,25 @@ def test_the_echo_server_builds_and_answers_a_round_trip(tmp_path: Path) -> None
         sock.sendall(b"ping")
         assert sock.recv(16) == b"ping"
     assert server.process.returncode is not None
+
+
+@pytest.mark.skipif(not have_compiler(), reason="no C compiler (cc)")
+def test_the_busy_polling_echo_answers_polled_and_blocking_callers(tmp_path: Path) -> None:
+    with closing(EchoServer(tmp_path, busy_poll_us=50)) as server:
+        with connected(server.socket_path) as sock:
+            for _ in range(100):
+                polled_round_trip(sock, b"x" * 100, 50)
+            polled_round_trip(sock, b"y" * 100, 0)  # reads blocking at once
+            round_trip(sock, b"z" * 100)
+        with connected(server.socket_path) as sock:
+            sock.close()  # a caller gone: the server goes on serving others
+        with connected(server.socket_path) as sock:
+            polled_round_trip(sock, b"x", 50)
+
+
+def test_a_polled_round_trip_to_a_closed_echo_fails(tmp_path: Path) -> None:
+    left, right = socket.socketpair()
+    with left:
+        right.close()
+        with pytest.raises((ConnectionError, BrokenPipeError)):
+            polled_round_trip(left, b"x" * 10, 50)
