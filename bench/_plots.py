@@ -33,7 +33,9 @@ _PNG_METADATA = {"Software": None}
 def ratio_overview(figures: Sequence[Figure], path: Path) -> Plot:
     """One horizontal bar per figure: its ratio on a log scale, with 1 (even) marked."""
     shown = [figure for figure in figures if figure.ratio is not None and figure.ratio > 0]
-    height = max(2.5, 0.38 * len(shown) + 1.2)
+    # Whole half inches: 55 pixels each, exact in binary, so the PNG's height in pixels is
+    # the figure's (0.38 inch a bar could make 2430.9999 of 2431 pixels).
+    height = max(2.5, math.ceil((0.38 * len(shown) + 1.2) * 2) / 2)
     plot = _plot((9, height))
     axes = plot.subplots()
     repeated = Counter((figure.script, figure.title) for figure in shown)
