@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from eventspool.broker.mock import ApiKey, MockCluster
+from eventspool.broker.mock import ONE_REQUEST_IN_FLIGHT, ApiKey, MockCluster
 from eventspool.client.sync import Client
 from eventspool.spool.partitioner import partition_for_key
 from eventspool.status import render_status
@@ -39,7 +39,10 @@ keyless_failover_s = 2.0
 stall_after_s = 2.0
 metadata_refresh_s = 2.0
 """
-LIBRDKAFKA = '[kafka.config]\n"socket.connection.setup.timeout.ms" = 3000\n'
+LIBRDKAFKA = "[kafka.config]\n" + "".join(
+    f'"{key}" = {value}\n'
+    for key, value in {"socket.connection.setup.timeout.ms": 3000, **ONE_REQUEST_IN_FLIGHT}.items()
+)
 
 
 @pytest.fixture

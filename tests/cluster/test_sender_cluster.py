@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from eventspool.broker.mock import ApiKey, MockCluster
+from eventspool.broker.mock import ONE_REQUEST_IN_FLIGHT, ApiKey, MockCluster
 from eventspool.config import SenderSettings
 from eventspool.pipeline import Spool
 from eventspool.spool.partitioner import partition_for_key
@@ -35,7 +35,11 @@ FAST = SenderSettings(
     partition_stuck_s=2.0,
     keyless_failover_s=2.0,
     stall_after_s=2.0,
-    kafka={"socket.connection.setup.timeout.ms": 3000, "reconnect.backoff.max.ms": 1000},
+    kafka={
+        "socket.connection.setup.timeout.ms": 3000,
+        "reconnect.backoff.max.ms": 1000,
+        **ONE_REQUEST_IN_FLIGHT,
+    },
 )
 
 

@@ -8,8 +8,13 @@ its standard input, one JSON command per line, one JSON answer per line.
 
 What the mock cannot do, and so what a test on it cannot judge:
   - no replication and no ISR: a partition has one shared log, whoever leads it;
-  - sequence numbers are checked only for transactional producers, so a retried batch
-    may be appended twice: judge loss on it, not duplicates;
+  - sequence numbers are checked only for transactional producers. A retried batch may
+    be appended twice: judge loss on it, not duplicates. And a batch that an injected
+    error refused is lost when a later batch of its partition, pipelined behind it, is
+    appended: that one's success acknowledges both (librdkafka's implicit ack), where a
+    broker refuses it as out of order and the producer sends both again. A producer
+    that meets injected produce errors keeps one request in flight per connection
+    (`ONE_REQUEST_IN_FLIGHT`);
   - each partition log keeps at most 5 MiB (or 100,000 message sets);
   - no SSL or SASL, no CreateTopics or CreatePartitions (topics are created here, with
     `create_topic`, or on a client's first metadata request);
@@ -40,7 +45,11 @@ import confluent_kafka
 
 from eventspool.broker.local import BrokerError
 
-__all__ = ["ApiKey", "MockCluster"]
+__all__ = ["ONE_REQUEST_IN_FLIGHT", "ApiKey", "MockCluster"]
+
+#: librdkafka settings under which the mock's acknowledgements mean what a broker's do
+#: while produce requests are refused by injected errors (see above).
+ONE_REQUEST_IN_FLIGHT = {"max.in.flight.requests.per.connection": 1}
 
 _START_TIMEOUT_S = 20.0
 _NO_LEADER = -1
