@@ -28,8 +28,10 @@ keeps the server's and the clients' CPU per event.
   The 16 processes' floor on this machine: their round trips to the echo server again,
   while the bare producer ships as many events/s as ours reached in the repetition.
 - round trip: one thread's sequential `send()` after a warm-up, p50/p99/p99.9, against
-  the same round trip to the C echo server, the two sampled in alternating blocks of
-  100 (this machine's speed can change within seconds); beside them, a Python echo's.
+  the same round trip to the C echo server, and to a second one whose ends busy-poll for
+  the client's default 50 us as ours do (without our backoff), the three sampled in turn
+  in blocks of 100 (this machine's speed can change within seconds); beside them, a
+  Python echo's.
 - access checks: the 16-thread pass on an agent with 10 [[access]] rules of 100 topic
   patterns each (the last for this uid) and 1000 allowed_topics patterns.
 - TLS: the 16-thread and `send_async()` passes over loopback TCP with TLS (P-256 server
@@ -969,8 +971,8 @@ def build_result(
         "echo_server_cpu_us_per_event": round(echo_cpu, 2),
         "producer_cpu_us_per_event": round(m["producer_cpu_us_per_event"], 2),
         "socket_echo_rtt_p50_us": round(m["echo_rtt_p50_us"], 1),
-        # CPU per round trip on each side of the two timed in alternating blocks (busy
-        # polling, on by default on both sides of ours, spends some on each).
+        # CPU per round trip on each side of the three timed in turn (busy polling, on by
+        # default on both sides of ours, spends some on each).
         "rtt_cpu_us_per_round_trip": {
             name: round(m[key], 2)
             for name, key in (

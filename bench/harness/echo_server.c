@@ -5,7 +5,8 @@
  * usage: echo_server PATH [BUSY_POLL_US]
  *   listens on PATH, prints "ready", runs until killed. With BUSY_POLL_US, each wait
  *   tries epoll without waiting, yielding the CPU between tries, for that many
- *   microseconds before it blocks: the floor of a round trip whose ends never block. */
+ *   microseconds before it blocks: the floor of a round trip whose ends do not block
+ *   while answers and requests follow each other within that time. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <sched.h>
@@ -45,7 +46,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s PATH [BUSY_POLL_US]\n", argv[0]);
         return 2;
     }
-    double poll_us = argc == 3 ? atof(argv[2]) : 0;
+    double poll_us = 0;
+    if (argc == 3) {
+        char *end;
+        poll_us = strtod(argv[2], &end);
+        if (end == argv[2] || *end != '\0' || poll_us < 0) {
+            fprintf(stderr, "%s: BUSY_POLL_US must be a number of microseconds, not %s\n",
+                    argv[0], argv[2]);
+            return 2;
+        }
+    }
     int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     struct sockaddr_un address = {.sun_family = AF_UNIX};
     strncpy(address.sun_path, argv[1], sizeof address.sun_path - 1);

@@ -26,17 +26,20 @@ def test_the_busy_polling_echo_answers_polled_and_blocking_callers(tmp_path: Pat
         with connected(server.socket_path) as sock:
             for _ in range(100):
                 polled_round_trip(sock, b"x" * 100, 50)
-            polled_round_trip(sock, b"y" * 100, 0)  # reads blocking at once
+            polled_round_trip(sock, b"y" * 100, 0)  # one try without waiting, then it blocks
             round_trip(sock, b"z" * 100)
+            with pytest.raises(BlockingIOError):  # each call read its own echo whole
+                sock.recv(1, socket.MSG_DONTWAIT)
         with connected(server.socket_path) as sock:
             sock.close()  # a caller gone: the server goes on serving others
         with connected(server.socket_path) as sock:
             polled_round_trip(sock, b"x", 50)
 
 
-def test_a_polled_round_trip_to_a_closed_echo_fails(tmp_path: Path) -> None:
+def test_a_polled_round_trip_to_an_echo_that_stops_answering_fails() -> None:
+    """The request is taken, the answer never comes whole: the read meets the end."""
     left, right = socket.socketpair()
-    with left:
-        right.close()
-        with pytest.raises((ConnectionError, BrokenPipeError)):
+    with left, right:
+        right.shutdown(socket.SHUT_WR)
+        with pytest.raises(ConnectionError, match="closed"):
             polled_round_trip(left, b"x" * 10, 50)

@@ -10,7 +10,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -39,10 +39,7 @@ keyless_failover_s = 2.0
 stall_after_s = 2.0
 metadata_refresh_s = 2.0
 """
-LIBRDKAFKA = "[kafka.config]\n" + "".join(
-    f'"{key}" = {value}\n'
-    for key, value in {"socket.connection.setup.timeout.ms": 3000, **ONE_REQUEST_IN_FLIGHT}.items()
-)
+LIBRDKAFKA = {"socket.connection.setup.timeout.ms": 3000}
 
 
 @pytest.fixture
@@ -51,12 +48,20 @@ def short_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield tmp_path_factory.mktemp("ag")
 
 
-def _agent(tmp_path: Path, socket_dir: Path, cluster: MockCluster) -> AgentProcess:
+def _agent(
+    tmp_path: Path,
+    socket_dir: Path,
+    cluster: MockCluster,
+    librdkafka: Mapping[str, int] = LIBRDKAFKA,
+) -> AgentProcess:
     agent = AgentProcess(tmp_path, cluster.bootstrap_servers, socket_path=socket_dir / "a.sock")
     text = agent.config.read_text()
+    table = "[kafka.config]\n" + "".join(
+        f'"{key}" = {value}\n' for key, value in librdkafka.items()
+    )
     agent.config.write_text(
         text.replace("[kafka]\n", "[kafka]\n" + SENDER_KEYS, 1).replace(
-            "[spool]\n", LIBRDKAFKA + "[spool]\n", 1
+            "[spool]\n", table + "[spool]\n", 1
         )
     )
     return agent
@@ -78,7 +83,8 @@ def test_agent_loses_nothing_through_leader_moves_broker_loss_fatal_error_and_a_
     rng = random.Random()
     topic = f"agent-{uuid.uuid4().hex[:8]}"
     cluster.create_topic(topic, PARTITIONS, 3)
-    agent = _agent(tmp_path, short_dir, cluster)
+    # It injects produce errors (the mock's limits: eventspool.broker.mock).
+    agent = _agent(tmp_path, short_dir, cluster, {**LIBRDKAFKA, **ONE_REQUEST_IN_FLIGHT})
     children: list[_ClientChild] = []
     try:
         agent.start_answering(START_TIMEOUT_S)

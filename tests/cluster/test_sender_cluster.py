@@ -7,6 +7,7 @@ a retried batch may be appended twice: these tests judge loss, never duplicates.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -35,12 +36,10 @@ FAST = SenderSettings(
     partition_stuck_s=2.0,
     keyless_failover_s=2.0,
     stall_after_s=2.0,
-    kafka={
-        "socket.connection.setup.timeout.ms": 3000,
-        "reconnect.backoff.max.ms": 1000,
-        **ONE_REQUEST_IN_FLIGHT,
-    },
+    kafka={"socket.connection.setup.timeout.ms": 3000, "reconnect.backoff.max.ms": 1000},
 )
+# For the tests that inject produce errors (the mock's limits: eventspool.broker.mock).
+FAST_INJECTED = dataclasses.replace(FAST, kafka={**FAST.kafka, **ONE_REQUEST_IN_FLIGHT})
 
 
 def _topic(cluster: MockCluster) -> str:
@@ -109,7 +108,9 @@ def test_a_fatal_producer_error_gets_a_new_producer_and_loses_nothing(
     cluster: MockCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = _topic(cluster)
-    with Spool(tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST) as spool:
+    with Spool(
+        tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST_INJECTED
+    ) as spool:
         sent = _send(spool, topic, 5_000, keyed=True)
         assert spool.flush(30) == 0
         cluster.push_request_errors(ApiKey.PRODUCE, [KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER])
@@ -139,7 +140,9 @@ def test_produce_that_keeps_failing_on_producer_state_gets_a_new_producer(
     whichever producer asks, so the errors injected last a few seconds, past
     `producer_reset_after_s` (1 s here), not for ever."""
     topic = _topic(cluster)
-    with Spool(tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST) as spool:
+    with Spool(
+        tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST_INJECTED
+    ) as spool:
         sent = _send(spool, topic, 1_000, keyed=True)
         assert spool.flush(30) == 0
         cluster.push_request_errors(ApiKey.PRODUCE, [KafkaError.PRODUCER_FENCED] * 40)
@@ -302,7 +305,9 @@ def test_keyed_events_survive_leader_moves_a_broker_loss_and_injected_errors(
     answered NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS and REQUEST_TIMED_OUT."""
     topic = _topic(cluster)
     sent: dict[str, bytes | None] = {}
-    with Spool(tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST) as spool:
+    with Spool(
+        tmp_path / "spool", cluster.bootstrap_servers, sender_settings=FAST_INJECTED
+    ) as spool:
         sent |= _send(spool, topic, 15_000, keyed=True)
         for partition in range(PARTITIONS):
             cluster.set_leader(topic, partition, (partition + 1) % 3 + 1)

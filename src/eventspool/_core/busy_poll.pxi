@@ -5,7 +5,7 @@
 # On a VM whose idle vCPU halts (no guest halt polling), every wake-up of a thread that
 # blocked costs the host's wake-up of that vCPU: 16 us at p50 for the agent's listener
 # (`perf sched timehist`), twice per round trip, where the echo server the bench
-# compares with shares its caller's vCPU and never halts it. A thread that keeps
+# compares with shared its caller's vCPU in that profile and never halted it. A thread that keeps
 # trying for the next few microseconds meets the answer or the next request itself.
 # Each try yields the CPU to whatever else is runnable there, so a spin takes no time
 # from callers on a loaded machine; and a spin that meets nothing backs the next ones
