@@ -771,7 +771,6 @@ def run(args: BenchArgs) -> dict[str, object]:
                 }
                 interleaved_round_trips(list(trips.values()), profile)
                 rtt = latency_summary_us(trips["rtt"].samples)
-                floor = latency_summary_us(trips["c_echo_rtt"].samples)
                 for stat in ("p50_us", "p99_us", "p999_us", "max_us"):
                     runs.add(f"rtt_{stat}", rtt[stat])
                 for prefix, trip in trips.items():
@@ -788,9 +787,12 @@ def run(args: BenchArgs) -> dict[str, object]:
                     + ", ".join(f"{name} {runs.values[name][-1]:,.0f}/s" for name in names)
                     for lane, names in LANE_FLOORS.items()
                 )
+                echo_p50, polled_p50 = (
+                    runs.values[f"{prefix}_rtt_p50_us"][-1] for prefix in ("c_echo", "polled_echo")
+                )
                 progress(
-                    f"rep {rep + 1}: round trip {summary}, C echo {floor['p50_us']:.1f} us "
-                    f"({runs.values['polled_echo_rtt_p50_us'][-1]:.1f} busy-polling), "
+                    f"rep {rep + 1}: round trip {summary}, C echo {echo_p50:.1f} us "
+                    f"({polled_p50:.1f} busy-polling), "
                     f"bare producer {producer_us:.2f} us of CPU per event; {lanes}"
                 )
         except BaseException:
