@@ -35,6 +35,9 @@ _POLL_S = 0.1
 # waiting 50 ms, then twice as long each time up to a second, until the caller's deadline.
 # `_DESTROY_BROKER` fails a request queued on a broker handle librdkafka let go of while a
 # broker went down or left the metadata; the next ask goes to the leader it knows now.
+# A partition unknown for a moment (librdkafka's metadata while a broker is down, or a
+# broker that does not lead it) is asked again too: one that does not exist fails at the
+# deadline, with the same error.
 _LEADER_MOVING = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
@@ -48,6 +51,8 @@ _LEADER_MOVING = frozenset(
         KafkaError.REQUEST_TIMED_OUT,
         KafkaError._TRANSPORT,
         KafkaError._DESTROY_BROKER,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
     }
 )
 _FIRST_RETRY_S = 0.05

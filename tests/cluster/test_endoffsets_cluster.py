@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
+
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from eventspool.broker.mock import ApiKey, MockCluster
@@ -47,6 +49,22 @@ def test_ends_are_read_through_a_broker_handle_let_go(cluster: MockCluster) -> N
     kafka = {"bootstrap.servers": cluster.bootstrap_servers}
     ends = true_end_offsets(kafka, [(topic, p) for p in range(PARTITIONS)], timeout=20)
     assert ends == {(topic, p): 3 for p in range(PARTITIONS)}
+
+
+@pytest.mark.parametrize(
+    "unknown", [KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART]
+)
+def test_ends_are_read_through_a_partition_unknown_for_a_moment(
+    cluster: MockCluster, unknown: int
+) -> None:
+    """While a broker is down and leaders move, librdkafka's metadata, or a broker that
+    does not lead the partition, can miss a partition that exists; the probe asks again
+    (the Spark source's `latestOffset` once failed a streaming query on the local one)."""
+    topic = _filled(cluster, 2)
+    cluster.push_request_errors(ApiKey.LIST_OFFSETS, [unknown] * 2)
+    kafka = {"bootstrap.servers": cluster.bootstrap_servers}
+    ends = true_end_offsets(kafka, [(topic, p) for p in range(PARTITIONS)], timeout=20)
+    assert ends == {(topic, p): 2 for p in range(PARTITIONS)}
 
 
 def test_ends_are_read_after_every_leader_moved(cluster: MockCluster) -> None:
