@@ -9,7 +9,6 @@ import time
 import uuid
 
 import pytest
-
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from eventspool.broker.mock import ApiKey, MockCluster
