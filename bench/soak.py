@@ -11,7 +11,8 @@ full policy, queue per partition): orders process/reject 64 KiB, payments fsync/
 KiB, clicks process/block 1 MiB, audit fsync/reject 1 MiB, archive process/reject 1 MiB;
 `block` waits 1 s. The anchor: a bare `confluent_kafka.Producer` with the sender's settings,
 300 events/s to its own topic, SIGKILLed and restarted with the agent; it acknowledged an
-event when produce() returned.
+event when produce() returned, and when stopped it flushes for as long as the spool may
+take to drain.
 
 Faults, each kind once per cycle in a seeded order, 4-12 s apart (shorter faults and gaps
 in runs under 90 s, such as --quick's 40 s): broker_cut, the proxy refuses connections for
@@ -150,6 +151,9 @@ SHORT_TIMING = Timing(4.0, (1.5, 3.0), (2.0, 4.0), (2.0, 4.0), longest=6.0)
 SAMPLE_EVERY_S = 5.0
 STOP_TIMEOUT_S = 30.0
 DRAIN_TIMEOUT_S = 180.0
+# The anchor delivers its backlog on the spool's budget: librdkafka alone waits 30 s
+# (request.timeout.ms) for a produce answer that never comes before it sends again.
+ANCHOR_FLUSH_S = DRAIN_TIMEOUT_S
 READ_TIMEOUT_S = 120.0
 CONSUMER_CATCH_UP_TIMEOUT_S = 180.0
 WORKER_REPLACED_TIMEOUT_S = 5.0
@@ -354,8 +358,10 @@ def run_anchor(options: dict[str, Any], stop: threading.Event, tally: Tally) -> 
     while not stop.wait(next(delays)):
         tally.settle(ANCHOR_TOPIC, partial(produce, maker.like(ANCHOR_TOPIC, None), ids.next_id()))
         producer.poll(0)
-    producer.flush(30.0)
-    return {"reports": dict(reports)}
+    stopped = time.monotonic()
+    undelivered = producer.flush(ANCHOR_FLUSH_S)
+    flush_s = round(time.monotonic() - stopped, 3)
+    return {"reports": dict(reports), "flush_s": flush_s, "undelivered_after_flush": undelivered}
 
 
 def run_consumer(options: dict[str, Any]) -> dict[str, Any]:
@@ -403,9 +409,9 @@ def child_main(kind: str, options_json: str) -> int:
     return 0
 
 
-def stop_workload(child: Child) -> dict[str, Any]:
+def stop_workload(child: Child, timeout_s: float = STOP_TIMEOUT_S) -> dict[str, Any]:
     """SIGTERM, wait for it to finish its work, and return its summary."""
-    child.stop(STOP_TIMEOUT_S)
+    child.stop(timeout_s)
     return dict(json.loads(child.stderr_path.with_suffix(".summary.json").read_text()))
 
 
@@ -634,7 +640,9 @@ def run(args: BenchArgs, duration_s: float, seed: int) -> dict[str, Any]:
             raise RuntimeError(f"a fault went wrong: {injector.error!r}") from injector.error
         workload_s = time.monotonic() - started
         progress(f"workload done after {workload_s:.0f} s; stopping the producers")
-        summaries = {child.name: stop_workload(child) for child in [*producers, anchor]}
+        summaries = {child.name: stop_workload(child) for child in producers}
+        summaries["anchor"] = stop_workload(anchor, ANCHOR_FLUSH_S + STOP_TIMEOUT_S)
+        progress(f"the anchor flushed in {summaries['anchor']['flush_s']} s")
 
         drain_s = agent.wait_until_drained(DRAIN_TIMEOUT_S)
         progress(f"agent's spool drained in {drain_s:.1f} s; reading every topic back")
@@ -712,6 +720,8 @@ def run(args: BenchArgs, duration_s: float, seed: int) -> dict[str, Any]:
             **asdict(anchor_ledger),
             "refused": summaries["anchor"]["refused"],
             "delivery_reports_of_last_run": summaries["anchor"]["reports"],
+            "flush_s_of_last_run": summaries["anchor"]["flush_s"],
+            "undelivered_after_flush": summaries["anchor"]["undelivered_after_flush"],
             "delivered_unacknowledged": sum(1 for i in anchor_seen if i not in anchor_acked_ids),
         },
         "faults_by_kind": {kind: kinds[kind] for kind in FAULT_KINDS},

@@ -1,10 +1,14 @@
 """A bench's child process: a Python script run with arguments, its stderr kept in a file,
 stopped when asked (a "stop" line on its stdin, or SIGTERM) or SIGKILLed, and restarted.
 `kill` insists the child was still running: a child that died before measures nothing.
+A child that does not stop in time writes every thread's Python stack to its stderr
+before it is killed, so the error says where it hung.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
 import signal
 import subprocess
@@ -16,6 +20,10 @@ from typing import IO
 
 # The hidden first argument that makes a bench script run one of its own children.
 CHILD_COMMAND = "_child"
+# What makes a child write its threads' stacks to stderr (faulthandler), and how long
+# it is given to.
+STACKS_SIGNAL = signal.SIGUSR1
+STACKS_WAIT_S = 1.0
 
 
 class ChildError(RuntimeError):
@@ -113,8 +121,13 @@ class Child:
         try:
             code = process.wait(timeout)
         except subprocess.TimeoutExpired:
+            process.send_signal(STACKS_SIGNAL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(STACKS_WAIT_S)
             self.terminate()
-            raise ChildError(f"{self.name} did not stop in {timeout} s") from None
+            raise ChildError(
+                f"{self.name} did not stop in {timeout} s; its stderr ends:\n{self.stderr_tail()}"
+            ) from None
         self._close_pipes()
         if code != 0:
             raise ChildError(f"{self.name} exited with {code}: {self.stderr_tail()}")
@@ -141,6 +154,13 @@ class Child:
 
 
 def child_arguments(argv: Sequence[str] | None) -> list[str] | None:
-    """The arguments after CHILD_COMMAND when this script runs as a child, else None."""
+    """The arguments after CHILD_COMMAND when this script runs as a child, else None.
+
+    A child also learns here to dump its stacks on STACKS_SIGNAL, before it does anything
+    else: `Child.stop` relies on it.
+    """
     arguments = list(sys.argv[1:] if argv is None else argv)
-    return arguments[1:] if arguments[:1] == [CHILD_COMMAND] else None
+    if arguments[:1] != [CHILD_COMMAND]:
+        return None
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
+    return arguments[1:]

@@ -1,0 +1,64 @@
+"""The bench's child processes: one that will not stop says where it hung, and is killed."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.child import Child, ChildError
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+READY_TIMEOUT_S = 30.0
+
+# A child that touches the file named by its argument once ready, then waits in a function
+# whose name the stacks must show; SIGTERM_ACTION decides whether SIGTERM stops it.
+CHILD = """
+import signal, sys, time
+from pathlib import Path
+sys.path.insert(0, {bench!r})
+from harness.child import child_arguments
+
+def waits_in_this_function() -> None:
+    while True:
+        time.sleep(0.05)
+
+if (arguments := child_arguments(None)) is not None:
+    signal.signal(signal.SIGTERM, {sigterm_action})
+    Path(arguments[0]).touch()
+    waits_in_this_function()
+"""
+
+
+def _started(tmp_path: Path, sigterm_action: str) -> Child:
+    script = tmp_path / "child_script.py"
+    script.write_text(CHILD.format(bench=os.fspath(BENCH), sigterm_action=sigterm_action))
+    ready = tmp_path / "ready"
+    child = Child.of_script("waiter", os.fspath(script), [os.fspath(ready)], tmp_path / "err")
+    child.start()
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not ready.exists():
+        assert time.monotonic() < deadline, child.stderr_tail()
+        child.check()
+        time.sleep(0.02)
+    return child
+
+
+def test_a_child_that_does_not_stop_is_killed_and_its_stacks_name_where_it_waited(
+    tmp_path: Path,
+) -> None:
+    child = _started(tmp_path, "signal.SIG_IGN")
+    with pytest.raises(ChildError) as caught:
+        child.stop(0.5)
+    message = str(caught.value)
+    assert "waiter did not stop in 0.5 s" in message
+    assert "waits_in_this_function" in message
+    assert child.process is not None and child.process.poll() is not None
+
+
+def test_a_child_that_stops_in_time_raises_nothing(tmp_path: Path) -> None:
+    child = _started(tmp_path, "lambda _signum, _frame: sys.exit(0)")
+    child.stop(10.0)
+    assert child.process is not None and child.process.returncode == 0
