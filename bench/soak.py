@@ -151,8 +151,9 @@ SHORT_TIMING = Timing(4.0, (1.5, 3.0), (2.0, 4.0), (2.0, 4.0), longest=6.0)
 SAMPLE_EVERY_S = 5.0
 STOP_TIMEOUT_S = 30.0
 DRAIN_TIMEOUT_S = 180.0
-# The anchor delivers its backlog on the spool's budget: librdkafka alone waits 30 s
-# (request.timeout.ms) for a produce answer that never comes before it sends again.
+# The anchor delivers its backlog on the spool's budget. Its messages never time out
+# (message.timeout.ms 0), so librdkafka waits socket.timeout.ms (60 s) for a produce
+# answer that never comes before it sends the batch again.
 ANCHOR_FLUSH_S = DRAIN_TIMEOUT_S
 READ_TIMEOUT_S = 120.0
 CONSUMER_CATCH_UP_TIMEOUT_S = 180.0
