@@ -643,7 +643,11 @@ def run(args: BenchArgs, duration_s: float, seed: int) -> dict[str, Any]:
         progress(f"workload done after {workload_s:.0f} s; stopping the producers")
         summaries = {child.name: stop_workload(child) for child in producers}
         summaries["anchor"] = stop_workload(anchor, ANCHOR_FLUSH_S + STOP_TIMEOUT_S)
-        progress(f"the anchor flushed in {summaries['anchor']['flush_s']} s")
+        anchor_stop = summaries["anchor"]
+        progress(
+            f"the anchor flushed for {anchor_stop['flush_s']} s and left "
+            f"{anchor_stop['undelivered_after_flush']} events undelivered"
+        )
 
         drain_s = agent.wait_until_drained(DRAIN_TIMEOUT_S)
         progress(f"agent's spool drained in {drain_s:.1f} s; reading every topic back")
@@ -722,7 +726,7 @@ def run(args: BenchArgs, duration_s: float, seed: int) -> dict[str, Any]:
             "refused": summaries["anchor"]["refused"],
             "delivery_reports_of_last_run": summaries["anchor"]["reports"],
             "flush_s_of_last_run": summaries["anchor"]["flush_s"],
-            "undelivered_after_flush": summaries["anchor"]["undelivered_after_flush"],
+            "undelivered_after_flush_of_last_run": summaries["anchor"]["undelivered_after_flush"],
             "delivered_unacknowledged": sum(1 for i in anchor_seen if i not in anchor_acked_ids),
         },
         "faults_by_kind": {kind: kinds[kind] for kind in FAULT_KINDS},

@@ -1,8 +1,8 @@
 """A bench's child process: a Python script run with arguments, its stderr kept in a file,
 stopped when asked (a "stop" line on its stdin, or SIGTERM) or SIGKILLed, and restarted.
 `kill` insists the child was still running: a child that died before measures nothing.
-A child that does not stop in time writes every thread's Python stack to its stderr
-before it is killed, so the error says where it hung.
+A script's own child (`of_script`) that does not stop in time writes every thread's
+Python stack to its stderr before it is killed, so the error says where it hung.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from typing import IO
 
 # The hidden first argument that makes a bench script run one of its own children.
 CHILD_COMMAND = "_child"
-# What makes a child write its threads' stacks to stderr (faulthandler), and how long
-# it is given to.
+# What makes a child write its threads' stacks to stderr (faulthandler), how long it is
+# given to, and how much of what it wrote then an error quotes (the end: faulthandler
+# writes the main thread last).
 STACKS_SIGNAL = signal.SIGUSR1
 STACKS_WAIT_S = 1.0
+STACKS_MOST_CHARS = 20_000
 
 
 class ChildError(RuntimeError):
@@ -32,15 +34,23 @@ class ChildError(RuntimeError):
 
 class Child:
     """One child process; `piped` gives it a stdin to read "stop" from and a stdout to
-    report on, else both are /dev/null and `stop` sends SIGTERM."""
+    report on, else both are /dev/null and `stop` sends SIGTERM. `dumps_stacks`: the
+    child calls `child_arguments`, so STACKS_SIGNAL makes it write its stacks."""
 
     def __init__(
-        self, name: str, argv: Sequence[str], stderr_path: Path, *, piped: bool = False
+        self,
+        name: str,
+        argv: Sequence[str],
+        stderr_path: Path,
+        *,
+        piped: bool = False,
+        dumps_stacks: bool = False,
     ) -> None:
         self.name = name
         self.argv = [sys.executable, *argv]
         self.stderr_path = stderr_path
         self.piped = piped
+        self.dumps_stacks = dumps_stacks
         self.process: subprocess.Popen[str] | None = None
         # A kill and its restart are one step for `check()` on another thread.
         self._lock = threading.Lock()
@@ -51,7 +61,7 @@ class Child:
     ) -> Child:
         """`script` (a bench script's `__file__`) run as its own child."""
         argv = [os.fspath(Path(script).resolve()), CHILD_COMMAND, *args]
-        return cls(name, argv, stderr_path, piped=piped)
+        return cls(name, argv, stderr_path, piped=piped, dumps_stacks=True)
 
     @property
     def pid(self) -> int:
@@ -109,7 +119,8 @@ class Child:
             self.start()
 
     def stop(self, timeout: float) -> None:
-        """Ask the child to finish its work and wait for it; it must exit with 0."""
+        """Ask the child to finish its work and wait for it; it must exit with 0. One that
+        does not in time is killed, and the error quotes its stacks or its stderr's end."""
         self.check()
         process = self._running()
         if self.piped:
@@ -121,16 +132,29 @@ class Child:
         try:
             code = process.wait(timeout)
         except subprocess.TimeoutExpired:
-            process.send_signal(STACKS_SIGNAL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(STACKS_WAIT_S)
+            said = self._stacks() if self.dumps_stacks else self.stderr_tail()
             self.terminate()
-            raise ChildError(
-                f"{self.name} did not stop in {timeout} s; its stderr ends:\n{self.stderr_tail()}"
-            ) from None
+            raise ChildError(f"{self.name} did not stop in {timeout} s:\n{said}") from None
         self._close_pipes()
         if code != 0:
             raise ChildError(f"{self.name} exited with {code}: {self.stderr_tail()}")
+
+    def _stacks(self) -> str:
+        """What the running child wrote to stderr once asked for its stacks."""
+        process = self._running()
+        try:
+            before = self.stderr_path.stat().st_size
+        except OSError as exc:
+            return f"(stderr unreadable: {exc})"
+        process.send_signal(STACKS_SIGNAL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(STACKS_WAIT_S)
+        if process.returncode == -STACKS_SIGNAL:
+            return f"(it died of {STACKS_SIGNAL.name}: it had not read its arguments yet)"
+        with self.stderr_path.open("rb") as stderr:
+            stderr.seek(before)
+            written = stderr.read().decode(errors="replace")
+        return f"its stacks and what it wrote meanwhile:\n{written[-STACKS_MOST_CHARS:]}"
 
     def terminate(self) -> None:
         """The last resort on the way out: SIGKILL if it still runs."""
@@ -156,8 +180,8 @@ class Child:
 def child_arguments(argv: Sequence[str] | None) -> list[str] | None:
     """The arguments after CHILD_COMMAND when this script runs as a child, else None.
 
-    A child also learns here to dump its stacks on STACKS_SIGNAL, before it does anything
-    else: `Child.stop` relies on it.
+    A child also learns here to dump its stacks on STACKS_SIGNAL, as soon as it reads its
+    arguments: `Child.stop` relies on it.
     """
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] != [CHILD_COMMAND]:

@@ -164,7 +164,7 @@ def test_sends_and_pings_are_answered_and_spooled_under_their_ids(
 
 def _thread_cpu_s(thread: threading.Thread) -> float:
     """CPU time `thread` has used: its own CPU-time clock."""
-    assert thread.ident is not None, "the thread was started"
+    assert thread.ident is not None and thread.is_alive(), "a running thread's clock"
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
