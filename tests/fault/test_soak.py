@@ -10,6 +10,7 @@ disk-full probes answered as they must be, duplicates reported as numbers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,10 +27,26 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SOAK = REPO_ROOT / "bench" / "soak.py"
 DURATION_S = 60
 # The workload, the stops (the anchor's may take its whole flush), the drain, the read-back
-# and the consumer's catch-up; under pytest's own 600 s, so that this test says why.
+# and the consumer's catch-up; then the soak's unwinding when it is interrupted: together
+# under pytest's own 600 s, so that this test says why.
 TIMEOUT_S = 540
+UNWIND_TIMEOUT_S = 30
 MIN_ACKNOWLEDGED = 10_000  # well under the paced rate: the workload really ran
 RecordProperty = Callable[[str, object], None]
+
+
+def _take_down(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
+    """Interrupt the soak so that it unwinds (its disk is a tmpfs it mounted), then kill
+    whatever is left of its process group; its output."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=UNWIND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_one_minute_soak_loses_no_acknowledged_event(
@@ -49,12 +66,14 @@ def test_one_minute_soak_loses_no_acknowledged_event(
     try:
         out, err = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
+        _, err = _take_down(proc)
         pytest.fail(
             f"seed {seed}: the soak did not end in {TIMEOUT_S} s; its stderr ends:\n"
             f"{err.decode(errors='replace')[-3000:]}"
         )
+    finally:
+        if proc.poll() is None:  # pytest's own timeout, or an interrupt, came first
+            _take_down(proc)
     stderr = err.decode(errors="replace")
     lines = out.decode().strip().splitlines()
     assert lines, f"seed {seed}: the soak printed no result (exit {proc.returncode}):\n{stderr}"
