@@ -116,6 +116,11 @@ def busy_poll_problem(microseconds: float) -> str | None:
     return None
 
 
+def busy_poll_seconds(microseconds: float) -> float:
+    """A busy_poll_us (checked) as the compiled waits take it: seconds."""
+    return microseconds * 1e-6
+
+
 _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 MAX_TOPIC_LENGTH = 249
 

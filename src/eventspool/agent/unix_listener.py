@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from eventspool._core.native import UnixIntake
 from eventspool.agent.connection import FrameConnection, HandedOver
+from eventspool.config import busy_poll_seconds
 
 if TYPE_CHECKING:
     from eventspool.agent.server import AgentServer
@@ -47,7 +48,7 @@ class UnixListener:
             self._hand_over,
             server.counters,
             self._failed,
-            server.busy_poll_us * 1e-6,
+            busy_poll_seconds(server.busy_poll_us),
         )
         self.thread = threading.Thread(target=self._run, name="eventspool-unix-intake", daemon=True)
         self.stopping = False

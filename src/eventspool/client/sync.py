@@ -32,7 +32,7 @@ from eventspool._core.native import ClientCore
 from eventspool.client.common import parse_target, routed_event_payload
 from eventspool.client.sync_pipeline import Pipeline
 from eventspool.client.sync_requests import Control, Outstanding, Reply, Waiting
-from eventspool.config import DEFAULT_BUSY_POLL_US, busy_poll_problem
+from eventspool.config import DEFAULT_BUSY_POLL_US, busy_poll_problem, busy_poll_seconds
 from eventspool.envelope import HeadersInput
 from eventspool.errors import AgentError, EventspoolError
 from eventspool.wire.checks import BatchEvent, Outcome, event_payload, split_batch_event
@@ -63,7 +63,7 @@ def _busy_poll_s(microseconds: float) -> float:
     problem = busy_poll_problem(microseconds)
     if problem:
         raise ValueError(f"busy_poll_us={microseconds}: {problem}")
-    return microseconds * 1e-6
+    return busy_poll_seconds(microseconds)
 
 
 class Client(ClientCore):
