@@ -414,10 +414,12 @@ class Pipeline(PipelineCore):
             reason = str(exc) or type(exc).__name__
         connection.reader_busy = False
         connection.reader_ident = None
+        if reason:
+            # Dropped while still the reader: a reader after this one would find only
+            # the end of what this one read, and fail the calls in flight without why.
+            self._drop(connection, reason)
         with self._lock:
             connection.reading = False
-        if reason:
-            self._drop(connection, reason)
         self._flush()
         # What is still due, and what that wrote, which may be all its callers wait on,
         # each not reading as this reader was: somebody reads it.
